@@ -1,0 +1,41 @@
+# trainingrun — the two commands a new machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# Test-bed binaries (kube-apiserver, etcd, kwok, KubeRay, helm) are built once into this cache.
+TESTBED_CACHE ?= $(HOME)/.cache/trainingrun
+
+.PHONY: install demo test test-unit testbed bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[operator,runtime,dev]'
+	touch $@
+
+demo: install
+	$(VENV)/bin/trainingrun run manifests/examples/tiny.yaml --root runs
+
+testbed:
+	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/testbed/build.sh
+
+# Every test: unit, integration (real Ray, TransferQueue, torch), cluster (real API server) and e2e.
+test: install testbed
+	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest tests/unit
+
+lint: install
+	$(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
+	$(VENV)/bin/lint-imports
+
+bench: install testbed
+	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache bench-results.json
