@@ -1,0 +1,227 @@
+"""RuntimeConfig: every knob of one training run, with its default, in one place.
+
+Who reads it:
+- the operator copies a TrainingRun's `spec.trainer` verbatim into `trainer` and its
+  checkpoint settings into `checkpoint`, then passes the JSON to the driver with
+  `--config-json` (see `python -m trainingrun_runtime`);
+- the driver validates it here, and `config_hash()` stamps every checkpoint manifest,
+  so a resume under a configuration that would change the math is refused.
+
+Imports only pydantic and the standard library: the operator imports this module and
+must not pull in torch or ray.
+
+JSON keys are accepted in camelCase (`savePeriod`) or snake_case (`save_period`);
+unknown keys are an error that names the field (`extra="forbid"`).
+
+The config hash covers ONLY the math-relevant fields, listed in `MATH_FIELDS`:
+
+    trainer.model     trainer.task     trainer.grpo     trainer.sampler
+    trainer.prompts_per_step           trainer.seed
+
+Deliberately excluded (changing them never changes a trained weight):
+`trainer.steps` (the step limit; a run may be extended), `trainer.generation_workers`
+(every random draw is derived from (seed, sample id, policy version), so the number of
+workers cannot change a sample), `trainer.log_every`, and all of `checkpoint`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "MATH_FIELDS",
+    "CheckpointConfig",
+    "GRPOConfig",
+    "ModelConfig",
+    "RuntimeConfig",
+    "SamplerConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "config_hash",
+    "math_diff",
+    "math_fields",
+]
+
+
+class _Model(BaseModel):
+    """Base of every config model: frozen, unknown keys forbidden, camelCase or snake_case keys."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+    )
+
+
+class ModelConfig(_Model):
+    """The policy: a tiny decoder-only (causal) transformer."""
+
+    d_model: int = Field(default=64, ge=8, description="Width of the residual stream. Default 64.")
+    n_layers: int = Field(default=2, ge=1, description="Number of transformer blocks. Default 2.")
+    n_heads: int = Field(default=4, ge=1, description="Attention heads per block; must divide d_model. Default 4.")
+    d_ff: int = Field(default=128, ge=8, description="Hidden width of each block's MLP. Default 128.")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        return self
+
+
+class TaskConfig(_Model):
+    """The synthetic task: map a digit string to an answer string; reward = fraction of positions right."""
+
+    kind: Literal["reverse", "copy", "increment"] = Field(
+        default="reverse",
+        description=(
+            "What the answer is: `reverse` the prompt digits, `copy` them, or `increment` each digit "
+            "by one modulo `digits`. Default `reverse`."
+        ),
+    )
+    digits: int = Field(default=6, ge=2, le=64, description="Alphabet size of prompt and answer digits. Default 6.")
+    length: int = Field(default=4, ge=1, le=32, description="Digits per prompt (and per answer). Default 4.")
+    dataset_size: int = Field(
+        default=4096,
+        ge=1,
+        description=(
+            "Number of distinct prompts in one epoch; prompt i is derived from (seed, i). "
+            "Default 4096."
+        ),
+    )
+
+
+class GRPOConfig(_Model):
+    """Group Relative Policy Optimisation: G samples per prompt, advantages normalised within the group."""
+
+    group_size: int = Field(default=8, ge=2, description="Completions sampled per prompt (G). Default 8.")
+    clip_eps: float = Field(default=0.2, gt=0.0, description="PPO ratio clip epsilon. Default 0.2.")
+    kl_coef: float | None = Field(
+        default=None,
+        ge=0.0,
+        description=(
+            "Weight of the KL penalty to the initial policy (k3 estimator); null disables it and "
+            "no reference model is kept. Default null."
+        ),
+    )
+    lr: float = Field(default=3e-3, gt=0.0, description="Adam learning rate (constant). Default 3e-3.")
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="Adam betas. Default [0.9, 0.99].")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay. Default 0.0.")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Global gradient-norm clip. Default 1.0.")
+    temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature of the generators. Default 1.0.")
+    updates_per_batch: int = Field(
+        default=1,
+        ge=1,
+        description="Optimizer steps taken on each batch (PPO epochs); >1 makes the clip bite. Default 1.",
+    )
+    adv_eps: float = Field(default=1e-4, gt=0.0, description="Added to the group std before dividing. Default 1e-4.")
+
+
+class SamplerConfig(_Model):
+    """How finished groups are chosen for a training step."""
+
+    kind: Literal["in_order", "async"] = Field(
+        default="in_order",
+        description=(
+            "`in_order`: step t trains exactly the prompts the loader handed out for step t, generated "
+            "by policy version t (deterministic, exact resume). `async`: step t trains any finished "
+            "groups whose policy version is within `max_staleness` of t (overlaps generation with "
+            "training). Default `in_order`."
+        ),
+    )
+    max_staleness: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "`async` only: a group generated by policy version v may train at version t when "
+            "t - v <= max_staleness; older groups are dropped and their prompts redispatched. Default 1."
+        ),
+    )
+
+
+class TrainerConfig(_Model):
+    """The TrainingRun's `spec.trainer`: model, task, GRPO, sampler, step limit and seed."""
+
+    model: ModelConfig = Field(default=ModelConfig(), description="The policy network. Defaults as ModelConfig.")
+    task: TaskConfig = Field(default=TaskConfig(), description="The synthetic task. Defaults as TaskConfig.")
+    grpo: GRPOConfig = Field(default=GRPOConfig(), description="The GRPO loss. Defaults as GRPOConfig.")
+    sampler: SamplerConfig = Field(
+        default=SamplerConfig(), description="Which groups a step trains on. Defaults as SamplerConfig."
+    )
+    steps: int = Field(default=200, ge=1, description="Training steps (optimizer updates of the policy version). Default 200.")
+    prompts_per_step: int = Field(default=8, ge=1, description="Prompts (groups) trained per step. Default 8.")
+    generation_workers: int = Field(default=2, ge=1, description="Ray generation actors. Default 2.")
+    seed: int = Field(default=0, ge=0, description="Root of every random draw (init, prompts, shuffles, samples). Default 0.")
+    log_every: int = Field(default=10, ge=1, description="Log a progress line every N steps. Default 10.")
+
+
+class CheckpointConfig(_Model):
+    """When checkpoints are written and which are kept."""
+
+    save_period: int = Field(default=10, ge=1, description="Write a checkpoint after every N training steps. Default 10.")
+    keep_last: int = Field(default=3, ge=1, description="Keep the newest N complete checkpoints. Default 3.")
+    keep_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Also keep every checkpoint whose step is a multiple of N; null keeps none extra. Default null.",
+    )
+
+
+class RuntimeConfig(_Model):
+    """Everything the driver needs: `{"trainer": {...}, "checkpoint": {...}}` (the `--config-json` value)."""
+
+    trainer: TrainerConfig = Field(default=TrainerConfig(), description="The TrainingRun's spec.trainer.")
+    checkpoint: CheckpointConfig = Field(
+        default=CheckpointConfig(), description="Save period and retention."
+    )
+
+
+MATH_FIELDS: tuple[str, ...] = (
+    "trainer.model",
+    "trainer.task",
+    "trainer.grpo",
+    "trainer.sampler",
+    "trainer.prompts_per_step",
+    "trainer.seed",
+)
+"""Dotted paths (snake_case) of the fields that change the math; only these enter `config_hash`."""
+
+
+def math_fields(config: RuntimeConfig) -> dict[str, Any]:
+    """The math-relevant fields as a flat JSON-able dict: dotted leaf path -> value."""
+    dumped = config.model_dump(mode="json", by_alias=False)
+    flat: dict[str, Any] = {}
+    for path in MATH_FIELDS:
+        node: Any = dumped
+        for part in path.split("."):
+            node = node[part]
+        _flatten(path, node, flat)
+    return flat
+
+
+def _flatten(prefix: str, node: Any, out: dict[str, Any]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _flatten(f"{prefix}.{key}", value, out)
+    else:
+        out[prefix] = node
+
+
+def config_hash(config: RuntimeConfig) -> str:
+    """SHA-256 (hex) of the canonical JSON of `math_fields(config)`; equal hashes mean equal math."""
+    blob = json.dumps(math_fields(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def math_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two `math_fields` dicts, e.g. `trainer.grpo.lr: 0.003 -> 0.01`."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key, "<absent>") != current.get(key, "<absent>"):
+            lines.append(f"{key}: {saved.get(key, '<absent>')!r} -> {current.get(key, '<absent>')!r}")
+    return lines
