@@ -1,0 +1,312 @@
+"""The TrainingRun resource as pydantic models: the boundary between the API server's JSON and our code.
+
+Who calls it: the kopf handlers (`handlers.py`) and the local backend (`local.py`) parse a TrainingRun's
+`spec` and `status` here; the decision core (`decision.py`) reads the parsed models and returns a status
+patch built from them.
+
+The models mirror `manifests/crd/trainingrun.dev_trainingruns.yaml` field by field (camelCase on the wire,
+snake_case in Python), with `extra="forbid"` so a typo or a field the CRD does not know is an error that
+names the field. `tests/unit/operator/test_crd.py` fails when the CRD and these models disagree.
+Defaults here equal the CRD's defaults; the API server applies the CRD's, these apply in local mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "AttemptRecord",
+    "Backoff",
+    "CheckpointRecord",
+    "CheckpointSpec",
+    "CheckpointsStatus",
+    "Condition",
+    "Identity",
+    "ObjectMeta",
+    "PVCSource",
+    "RayClusterShape",
+    "RayGroup",
+    "Resources",
+    "RestartCounts",
+    "RestartPolicy",
+    "ResumeSpec",
+    "Retention",
+    "RuntimeReport",
+    "Toleration",
+    "TrainingRun",
+    "TrainingRunSpec",
+    "TrainingRunStatus",
+    "WorkerGroup",
+]
+
+GROUP = "trainingrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingRun"
+PLURAL = "trainingruns"
+
+Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Quantity = int | str
+
+
+class _Wire(BaseModel):
+    """Base of every model: camelCase on the wire, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object as the API server stores it (camelCase, unset optional fields omitted)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ----------------------------------------------------------------------------------------------- spec
+
+
+class Resources(_Wire):
+    """Requests and limits of the Ray container, as in a Pod (`{"cpu": 1, "memory": "2Gi"}`)."""
+
+    requests: dict[str, Quantity] | None = None
+    limits: dict[str, Quantity] | None = None
+
+
+class Toleration(_Wire):
+    """A Pod toleration."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class RayGroup(_Wire):
+    """The head group: one pod."""
+
+    resources: Resources | None = None
+    ray_start_params: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+
+
+class WorkerGroup(_Wire):
+    """A worker group: `replicas` identical pods."""
+
+    name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
+    replicas: int = Field(1, ge=0)
+    resources: Resources | None = None
+    ray_start_params: dict[str, str] | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+
+
+class RayClusterShape(_Wire):
+    """The Ray cluster of every attempt: a head and zero or more worker groups."""
+
+    ray_version: str = "2.60.0"
+    head: RayGroup
+    workers: list[WorkerGroup] | None = Field(None, max_length=16)
+
+
+class PVCSource(_Wire):
+    """The PersistentVolumeClaim that holds the checkpoints."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+
+
+class Retention(_Wire):
+    """Which checkpoints the driver keeps: the newest `keep_last`, plus every multiple of `keep_every`."""
+
+    keep_last: int = Field(3, ge=1)
+    keep_every: int | None = Field(None, ge=1)
+
+
+class CheckpointSpec(_Wire):
+    """Checkpoint storage (immutable after creation), save period and retention."""
+
+    pvc: PVCSource
+    path: str = Field(
+        "", max_length=200, pattern=r"^$|^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+    )
+    save_period: int = Field(ge=1)
+    retention: Retention = Retention()
+
+
+class ResumeSpec(_Wire):
+    """Where the first attempt resumes from: the newest checkpoint (`latest`) or a pinned `step`."""
+
+    policy: Literal["latest", "step"] = "latest"
+    step: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _step_iff_pinned(self) -> ResumeSpec:
+        if (self.policy == "step") != (self.step is not None):
+            raise ValueError("resume.step is required when resume.policy is 'step' and not allowed otherwise")
+        return self
+
+
+class Backoff(_Wire):
+    """Delay before a restart after a failure: initial * factor**(n-1), capped at max."""
+
+    initial_seconds: float = Field(10.0, ge=0)
+    max_seconds: float = Field(300.0, ge=0)
+    factor: float = Field(2.0, ge=1)
+
+    @model_validator(mode="after")
+    def _cap_above_initial(self) -> Backoff:
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError(
+                "restartPolicy.backoff.maxSeconds must be >= restartPolicy.backoff.initialSeconds"
+            )
+        return self
+
+
+class RestartPolicy(_Wire):
+    """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3)."""
+
+    preemption_budget: int | None = Field(None, ge=1)
+    failure_budget: int = Field(3, ge=1)
+    backoff: Backoff = Backoff()
+
+
+class TrainingRunSpec(_Wire):
+    """What the user asks for."""
+
+    image: str = Field(min_length=1)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    ray: RayClusterShape
+    trainer: dict[str, Any]
+    checkpoint: CheckpointSpec
+    resume: ResumeSpec = ResumeSpec()
+    restart_policy: RestartPolicy = RestartPolicy()
+    suspend: bool = False
+
+
+# --------------------------------------------------------------------------------------------- status
+
+
+class CheckpointRecord(_Wire):
+    """One complete checkpoint, as the driver reports it after the rename."""
+
+    step: int
+    path: str
+    attempt: int
+    replay_digest: str | None = None
+    weights_sha256: str | None = None
+    time: str
+
+
+class RuntimeReport(_Wire):
+    """`status.runtime`: written only by the driver (merge patch), read by the operator, fenced by attempt."""
+
+    attempt: int | None = None
+    step: int | None = None
+    reward: float | None = None
+    updated: str | None = None
+    last_checkpoint: CheckpointRecord | None = None
+    restore_error: str | None = None
+    finished: bool | None = None
+
+
+class Condition(_Wire):
+    """A standard condition (`kubectl wait --for=condition=Succeeded` reads these)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class Identity(_Wire):
+    """Names of the driver's per-run ServiceAccount, Role and RoleBinding."""
+
+    service_account_name: str | None = None
+    role_name: str | None = None
+    role_binding_name: str | None = None
+
+
+class AttemptRecord(_Wire):
+    """One attempt: its RayJob, when it ran, where it resumed from, and why it ended."""
+
+    number: int = Field(ge=1)
+    ray_job_name: str | None = None
+    start: str | None = None
+    end: str | None = None
+    resumed_from: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    steps_lost: int | None = None
+
+
+class RestartCounts(_Wire):
+    """How many attempts ended, by cause."""
+
+    total: int = 0
+    preempted: int = 0
+    application_failure: int = 0
+    infrastructure_failure: int = 0
+    failed_restore: int = 0
+
+
+class CheckpointsStatus(_Wire):
+    """The newest recorded checkpoint, a bounded history, and steps whose restore failed."""
+
+    latest: CheckpointRecord | None = None
+    history: list[CheckpointRecord] | None = None
+    bad: list[int] | None = None
+
+
+class TrainingRunStatus(_Wire):
+    """What the operator (and, in `runtime`, the driver) observed."""
+
+    phase: Phase | None = None
+    reason: str | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    next_attempt_time: str | None = None
+    identity: Identity | None = None
+    attempt: AttemptRecord | None = None
+    attempts: list[AttemptRecord] | None = None
+    restarts: RestartCounts | None = None
+    consecutive_failures: int | None = None
+    checkpoints: CheckpointsStatus | None = None
+    runtime: RuntimeReport | None = None
+    conditions: list[Condition] | None = None
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata we read; everything else the API server keeps is ignored here."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    creation_timestamp: str | None = None
+
+
+class TrainingRun(_Wire):
+    """A whole TrainingRun object (as read from the API server or from a YAML file in local mode)."""
+
+    api_version: Literal["trainingrun.dev/v1alpha1"]
+    kind: Literal["TrainingRun"]
+    metadata: ObjectMeta
+    spec: TrainingRunSpec
+    status: TrainingRunStatus | None = None

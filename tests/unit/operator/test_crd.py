@@ -1,0 +1,211 @@
+"""The TrainingRun CRD: structural, mirrored by the pydantic model, and accepting the shipped examples.
+
+CEL rules need a real API server; tests/integration/test_operator_admission.py checks them there.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+import types
+import typing
+from typing import Any
+
+import jsonschema
+import pydantic
+import pytest
+import yaml
+
+from trainingrun_operator import model
+from trainingrun_runtime.config import RuntimeConfig
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+CRD_PATH = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
+
+
+def _crd() -> dict[str, Any]:
+    doc = yaml.safe_load(CRD_PATH.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _schema() -> dict[str, Any]:
+    version = _crd()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert isinstance(schema, dict)
+    return schema
+
+
+def _walk(node: dict[str, Any], path: str) -> typing.Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, child in node.get("properties", {}).items():
+        yield from _walk(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def _as_jsonschema(node: Any) -> Any:
+    """OpenAPI v3 (Kubernetes flavour) -> JSON Schema: `nullable` becomes a null type, x-kubernetes-* dropped."""
+    if isinstance(node, list):
+        return [_as_jsonschema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _as_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _training_runs(name: str) -> list[dict[str, Any]]:
+    path = REPO / "manifests" / "examples" / name
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc and doc.get("kind") == "TrainingRun"]
+
+
+# ------------------------------------------------------------------------------------------- identity
+
+
+def test_crd_names_group_version_kind_and_short_name() -> None:
+    crd = _crd()
+    assert crd["metadata"]["name"] == f"{model.PLURAL}.{model.GROUP}"
+    assert crd["spec"]["group"] == model.GROUP
+    assert crd["spec"]["names"]["kind"] == model.KIND
+    assert crd["spec"]["names"]["shortNames"] == ["trun"]
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == model.VERSION
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns_show_phase_step_attempt_restarts_and_age() -> None:
+    (version,) = _crd()["spec"]["versions"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0}
+    assert columns == {
+        "Phase": ".status.phase",
+        "Step": ".status.checkpoints.latest.step",
+        "Attempt": ".status.attempt.number",
+        "Restarts": ".status.restarts.total",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+def test_every_schema_node_has_a_type_so_the_schema_is_structural() -> None:
+    untyped = [
+        path
+        for path, node in _walk(_schema(), "")
+        if "type" not in node
+        and not node.get("x-kubernetes-int-or-string")
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ]
+    assert untyped == []
+
+
+def test_status_declares_every_field_of_the_runtime_contract() -> None:
+    runtime = _schema()["properties"]["status"]["properties"]["runtime"]["properties"]
+    assert set(runtime) == {"attempt", "step", "reward", "updated", "lastCheckpoint", "restoreError", "finished"}
+    assert set(runtime["lastCheckpoint"]["properties"]) == {
+        "step", "path", "attempt", "replayDigest", "weightsSha256", "time",
+    }
+
+
+def test_cel_rules_cover_immutable_storage_pinned_resume_and_backoff_cap() -> None:
+    spec = _schema()["properties"]["spec"]["properties"]
+    rules = [
+        r["rule"]
+        for node in (spec["checkpoint"], spec["resume"], spec["restartPolicy"]["properties"]["backoff"])
+        for r in node["x-kubernetes-validations"]
+    ]
+    assert any("oldSelf.pvc" in r for r in rules)
+    assert any("self.policy == 'step'" in r for r in rules)
+    assert any("maxSeconds >= self.initialSeconds" in r for r in rules)
+    assert spec["resume"]["properties"]["step"]["minimum"] == 0
+
+
+# ------------------------------------------------------------------------------ CRD <-> pydantic mirror
+
+
+def _model_of(annotation: Any) -> type[pydantic.BaseModel] | None:
+    """The pydantic model inside an annotation like `X | None` or `list[X] | None`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _mismatches(schema: dict[str, Any], cls: type[pydantic.BaseModel], path: str) -> list[str]:
+    props = schema.get("properties", {})
+    fields = {(f.alias or name): f for name, f in cls.model_fields.items()}
+    problems = [f"{path}.{n}: in the CRD, not in {cls.__name__}" for n in sorted(set(props) - set(fields))]
+    problems += [f"{path}.{n}: in {cls.__name__}, not in the CRD" for n in sorted(set(fields) - set(props))]
+    for name in sorted(set(props) & set(fields)):
+        field, child = fields[name], props[name]
+        if "default" in child and field.default != pydantic.fields.PydanticUndefined:
+            default = field.default.wire() if isinstance(field.default, pydantic.BaseModel) else field.default
+            if default != child["default"] and not (child["default"] == {} and isinstance(default, dict)):
+                problems.append(f"{path}.{name}: default {child['default']!r} in the CRD, {default!r} in the model")
+        if "default" in child and field.is_required():
+            problems.append(f"{path}.{name}: defaulted in the CRD but required in the model")
+        sub = _model_of(field.annotation)
+        node = child.get("items", child) if child.get("type") == "array" else child
+        if sub is not None and "properties" in node:
+            problems += _mismatches(node, sub, f"{path}.{name}")
+    return problems
+
+
+def test_pydantic_model_mirrors_every_field_of_the_crd_spec_and_status() -> None:
+    schema = _schema()["properties"]
+    problems = _mismatches(schema["spec"], model.TrainingRunSpec, "spec")
+    problems += _mismatches(schema["status"], model.TrainingRunStatus, "status")
+    assert problems == []
+
+
+def test_crd_required_fields_are_required_in_the_model() -> None:
+    spec = _schema()["properties"]["spec"]
+    required = {f.alias for f in model.TrainingRunSpec.model_fields.values() if f.is_required()}
+    assert required == set(spec["required"])
+
+
+def test_model_rejects_an_unknown_field_naming_it() -> None:
+    doc = _training_runs("tiny.yaml")[0]
+    doc["spec"]["checkpoint"]["savePeriodd"] = 5
+    with pytest.raises(pydantic.ValidationError, match="savePeriodd"):
+        model.TrainingRun.model_validate(doc)
+
+
+def test_model_rejects_a_step_without_a_pinned_policy() -> None:
+    with pytest.raises(pydantic.ValidationError, match="resume.step is required"):
+        model.ResumeSpec.model_validate({"policy": "latest", "step": 3})
+
+
+# ------------------------------------------------------------------------------------------- examples
+
+
+@pytest.mark.parametrize("example", ["tiny.yaml", "cluster.yaml"])
+def test_example_validates_against_the_crd_schema_the_model_and_the_runtime_config(example: str) -> None:
+    (doc,) = _training_runs(example)
+    jsonschema.validate(doc, _as_jsonschema(_schema()))
+    run = model.TrainingRun.model_validate(doc)
+    RuntimeConfig.model_validate({"trainer": run.spec.trainer})
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda s: s["checkpoint"].__setitem__("savePeriod", 0), "savePeriod"),
+        (lambda s: s["checkpoint"].__setitem__("path", "../escape"), "path"),
+        (lambda s: s.__setitem__("restartPolicy", {"failureBudget": 0}), "failureBudget"),
+        (lambda s: s.__setitem__("resume", {"policy": "step", "step": -1}), "step"),
+        (lambda s: s["ray"]["head"].__setitem__("resources", {"requests": {"cpu": 1.5}}), "cpu"),
+        (lambda s: s.__delitem__("image"), "image"),
+    ],
+)
+def test_crd_schema_rejects_a_malformed_spec(mutate: types.FunctionType, field: str) -> None:
+    (doc,) = _training_runs("tiny.yaml")
+    doc = copy.deepcopy(doc)
+    mutate(doc["spec"])
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        jsonschema.validate(doc, _as_jsonschema(_schema()))
+    assert field in str(caught.value)
