@@ -105,7 +105,7 @@ class WorkerGroup(_Wire):
     """A worker group: `replicas` identical pods."""
 
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
-    replicas: int = Field(1, ge=0)
+    replicas: int = Field(default=1, ge=0)
     resources: Resources | None = None
     ray_start_params: dict[str, str] | None = None
     node_selector: dict[str, str] | None = None
@@ -117,7 +117,7 @@ class RayClusterShape(_Wire):
 
     ray_version: str = "2.60.0"
     head: RayGroup
-    workers: list[WorkerGroup] | None = Field(None, max_length=16)
+    workers: list[WorkerGroup] | None = Field(default=None, max_length=16)
 
 
 class PVCSource(_Wire):
@@ -129,8 +129,8 @@ class PVCSource(_Wire):
 class Retention(_Wire):
     """Which checkpoints the driver keeps: the newest `keep_last`, plus every multiple of `keep_every`."""
 
-    keep_last: int = Field(3, ge=1)
-    keep_every: int | None = Field(None, ge=1)
+    keep_last: int = Field(default=3, ge=1)
+    keep_every: int | None = Field(default=None, ge=1)
 
 
 class CheckpointSpec(_Wire):
@@ -141,14 +141,14 @@ class CheckpointSpec(_Wire):
         "", max_length=200, pattern=r"^$|^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
     )
     save_period: int = Field(ge=1)
-    retention: Retention = Retention()
+    retention: Retention = Field(default_factory=Retention)
 
 
 class ResumeSpec(_Wire):
     """Where the first attempt resumes from: the newest checkpoint (`latest`) or a pinned `step`."""
 
     policy: Literal["latest", "step"] = "latest"
-    step: int | None = Field(None, ge=0)
+    step: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _step_iff_pinned(self) -> ResumeSpec:
@@ -160,9 +160,9 @@ class ResumeSpec(_Wire):
 class Backoff(_Wire):
     """Delay before a restart after a failure: initial * factor**(n-1), capped at max."""
 
-    initial_seconds: float = Field(10.0, ge=0)
-    max_seconds: float = Field(300.0, ge=0)
-    factor: float = Field(2.0, ge=1)
+    initial_seconds: float = Field(default=10.0, ge=0)
+    max_seconds: float = Field(default=300.0, ge=0)
+    factor: float = Field(default=2.0, ge=1)
 
     @model_validator(mode="after")
     def _cap_above_initial(self) -> Backoff:
@@ -176,9 +176,9 @@ class Backoff(_Wire):
 class RestartPolicy(_Wire):
     """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3)."""
 
-    preemption_budget: int | None = Field(None, ge=1)
-    failure_budget: int = Field(3, ge=1)
-    backoff: Backoff = Backoff()
+    preemption_budget: int | None = Field(default=None, ge=1)
+    failure_budget: int = Field(default=3, ge=1)
+    backoff: Backoff = Field(default_factory=Backoff)
 
 
 class TrainingRunSpec(_Wire):
@@ -189,8 +189,8 @@ class TrainingRunSpec(_Wire):
     ray: RayClusterShape
     trainer: dict[str, Any]
     checkpoint: CheckpointSpec
-    resume: ResumeSpec = ResumeSpec()
-    restart_policy: RestartPolicy = RestartPolicy()
+    resume: ResumeSpec = Field(default_factory=ResumeSpec)
+    restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
     suspend: bool = False
 
 
