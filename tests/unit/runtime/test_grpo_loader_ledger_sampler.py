@@ -1,0 +1,193 @@
+"""The prompt loader, the per-sample ledger and both samplers, including a simulated crash and restore."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pytest
+
+from trainingrun_runtime import dataloader, ledger, sampler
+
+
+def test_the_loader_serves_each_dataset_index_once_per_epoch_in_a_seeded_order() -> None:
+    loader = dataloader.PromptLoader(dataset_size=10, seed=3)
+    first = [loader.next() for _ in range(20)]
+    assert [p.uid for p in first] == list(range(20))
+    assert sorted(p.index for p in first[:10]) == list(range(10))
+    assert [p.index for p in first[:10]] != [p.index for p in first[10:]]
+    assert [p.index for p in first] == [dataloader.PromptLoader(10, 3).index_of(u) for u in range(20)]
+
+
+def test_a_restored_loader_continues_where_the_saved_one_was() -> None:
+    loader = dataloader.PromptLoader(10, 3)
+    for _ in range(7):
+        loader.next()
+    state = loader.state_dict()
+    rest = [loader.next() for _ in range(5)]
+    restored = dataloader.PromptLoader(10, 3)
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    assert [restored.next() for _ in range(5)] == rest
+    with pytest.raises(ValueError, match="dataset_size"):
+        dataloader.PromptLoader(11, 3).load_state_dict(state)
+
+
+def test_the_ledger_refuses_to_train_a_prompt_twice() -> None:
+    book = ledger.Ledger()
+    book.left_loader(0, 5)
+    book.dispatched(0)
+    book.committed(0, version=0)
+    book.consumed([0], step=0)
+    assert book.get(0).state is ledger.State.CONSUMED and book.get(0).step == 0
+    with pytest.raises(ledger.LedgerError, match="consumed"):
+        book.consumed([0], step=1)
+    with pytest.raises(ledger.LedgerError, match="twice"):
+        book.left_loader(0, 5)
+
+
+def test_restoring_the_ledger_queues_in_flight_prompts_for_redispatch() -> None:
+    book = ledger.Ledger()
+    for uid in range(3):
+        book.left_loader(uid, uid)
+        book.dispatched(uid)
+    book.committed(1, version=0)
+    restored = ledger.Ledger()
+    assert restored.load_state_dict(json.loads(json.dumps(book.state_dict()))) == [0, 2]
+    assert restored.queued() == [0, 2]
+    assert restored.in_state(ledger.State.COMMITTED) == [1]
+
+
+def test_the_in_order_sampler_takes_exactly_the_steps_uids_at_its_version() -> None:
+    s = sampler.InOrderSampler(prompts_per_step=2)
+    assert s.loader_limit() == 2
+    assert s.dispatch_version(1, current_version=0) == 0
+    assert s.dispatch_version(2, current_version=0) is None  # waits for version 1
+    assert s.select({0: 0}) is None
+    assert s.select({0: 0, 1: 0, 2: 1}) == sampler.Selection(train=(0, 1))
+    s.advance()
+    assert s.loader_limit() == 4
+    with pytest.raises(ValueError, match="other versions"):
+        s.select({2: 0, 3: 1})
+
+
+def test_the_async_sampler_drops_groups_staler_than_the_window_and_takes_the_oldest_fresh_ones() -> None:
+    s = sampler.AsyncSampler(prompts_per_step=2, max_staleness=1)
+    for _ in range(3):
+        s.advance()
+    assert s.loader_limit() == (3 + 1 + 1) * 2
+    assert s.dispatch_version(99, current_version=3) == 3
+    picked = s.select({0: 1, 5: 2, 4: 3, 9: 3})
+    assert picked == sampler.Selection(train=(4, 5), drop=(0,))
+    assert s.select({0: 1, 4: 3}) == sampler.Selection(train=(), drop=(0,))
+    assert s.select({4: 3}) is None
+
+
+def test_sampler_state_refuses_another_kind() -> None:
+    with pytest.raises(ValueError, match="in_order"):
+        sampler.AsyncSampler(2, 1).load_state_dict(sampler.InOrderSampler(2).state_dict())
+
+
+class _Sim:
+    """The controller's bookkeeping protocol without Ray or TransferQueue: the committed dict stands in for the
+    replay index plus its rows, and `snapshot` is the checkpoint's barrier cut (taken between two loop turns)."""
+
+    def __init__(self, smp: sampler.Sampler) -> None:
+        self.loader = dataloader.PromptLoader(50, 0)
+        self.book = ledger.Ledger()
+        self.smp = smp
+        self.committed: dict[int, int] = {}
+        self.inflight: dict[int, int] = {}
+        self.version = 0
+        self.trained: list[int] = []
+
+    def dispatch_one(self) -> bool:
+        queued = self.book.queued()
+        if not queued and self.loader.next_uid < self.smp.loader_limit():
+            p = self.loader.next()
+            self.book.left_loader(p.uid, p.index)
+            queued = [p.uid]
+        for uid in queued:
+            v = self.smp.dispatch_version(uid, self.version)
+            if v is not None:
+                self.book.dispatched(uid)
+                self.inflight[uid] = v
+                return True
+        return False
+
+    def commit_one(self, rng: random.Random) -> bool:
+        if not self.inflight:
+            return False
+        uid = rng.choice(sorted(self.inflight))
+        self.committed[uid] = self.inflight.pop(uid)
+        self.book.committed(uid, self.committed[uid])
+        return True
+
+    def train_one(self) -> bool:
+        sel = self.smp.select(self.committed)
+        if sel is None:
+            return False
+        for uid in sel.drop:
+            del self.committed[uid]
+            self.book.dropped(uid)
+        if not sel.train:
+            return True
+        for uid in sel.train:
+            del self.committed[uid]
+        self.book.consumed(sel.train, self.smp.step)
+        self.trained.extend(sel.train)
+        self.smp.advance()
+        self.version += 1
+        return True
+
+    def snapshot(self) -> dict[str, object]:
+        return copy.deepcopy({
+            "loader": self.loader.state_dict(), "sampler": self.smp.state_dict(), "index": dict(self.committed),
+            "ledger": self.book.state_dict(), "version": self.version, "trained": list(self.trained),
+        })
+
+    def restore(self, snap: dict[str, object]) -> None:
+        self.loader.load_state_dict(snap["loader"])  # type: ignore[arg-type]
+        self.smp.load_state_dict(snap["sampler"])  # type: ignore[arg-type]
+        self.committed = dict(snap["index"])  # type: ignore[call-overload]
+        self.book.load_state_dict(snap["ledger"])  # type: ignore[arg-type]
+        self.version = snap["version"]  # type: ignore[assignment]
+        self.trained = list(snap["trained"])  # type: ignore[call-overload]
+        self.inflight = {}
+
+    def run(self, rng: random.Random, steps: int, crash_every: int | None = None) -> list[int]:
+        snap = self.snapshot()
+        turns = 0
+        while self.smp.step < steps:
+            choice = rng.randrange(3)
+            if choice == 0:
+                self.dispatch_one()
+            elif choice == 1:
+                self.commit_one(rng)
+            else:
+                self.train_one()
+            turns += 1
+            if turns % 7 == 0:
+                snap = self.snapshot()
+            if crash_every and turns % crash_every == 0:
+                self.restore(snap)
+        return self.trained
+
+
+@pytest.mark.parametrize("kind", ["in_order", "async"])
+@pytest.mark.parametrize("seed", range(5))
+def test_crashes_between_any_two_turns_lose_no_committed_group_and_train_no_prompt_twice(kind: str, seed: int) -> None:
+    def make() -> sampler.Sampler:
+        return sampler.InOrderSampler(3) if kind == "in_order" else sampler.AsyncSampler(3, 1)
+
+    crashed = _Sim(make())
+    trained = crashed.run(random.Random(seed), steps=12, crash_every=11)
+    assert sorted(trained) == sorted(set(trained)), "a prompt was trained twice"
+    consumed = crashed.book.in_state(ledger.State.CONSUMED)
+    assert sorted(trained) == consumed
+    crashed.book.check_exactly_once(crashed.loader.next_uid)
+    if kind == "in_order":
+        assert trained == list(range(36))
+        assert trained == _Sim(make()).run(random.Random(seed + 100), steps=12)
+    else:
+        assert len(trained) == 36
