@@ -1,0 +1,119 @@
+"""Retention: keep the last K valid steps and every M-th step; never delete the newest valid checkpoint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainingrun_runtime.bundle import MANIFEST, BundleWriter, apply_retention, discover
+
+RUN = "demo"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory, on tmpfs (/dev/shm) when available: these tests commit many small bundles."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        path = Path(tempfile.mkdtemp(prefix="trainingrun-retention-", dir="/dev/shm"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    else:
+        yield tmp_path
+
+
+def save(root: Path, step: int) -> Path:
+    pending = BundleWriter(root, RUN).begin(step)
+    (pending.path / "data_plane").mkdir()
+    (pending.path / "data_plane" / "storage_0.pkl").write_bytes(b"x" * (100 + step))
+    return pending.commit(attempt=1, config_hash="c", replay_digest="d", replay_mode="authoritative")
+
+
+def steps_on_disk(root: Path) -> list[int]:
+    names = os.listdir(root / RUN)
+    assert all(n.startswith("step_") for n in names), names
+    return sorted(int(n.removeprefix("step_")) for n in names)
+
+
+def flip_a_byte(step_dir: Path) -> None:
+    p = step_dir / "data_plane" / "storage_0.pkl"
+    data = bytearray(p.read_bytes())
+    data[0] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("keep_last", "keep_every", "kept"),
+    [
+        (3, None, [8, 9, 10]),
+        (2, 4, [4, 8, 9, 10]),
+        (1, 5, [5, 10]),
+        (0, None, [10]),  # the newest valid checkpoint survives even keep_last=0
+        (0, 3, [3, 6, 9, 10]),
+        (20, None, list(range(1, 11))),
+        (1, 1, list(range(1, 11))),
+    ],
+)
+def test_retention_keeps_the_last_k_and_every_mth_step(
+    root: Path, keep_last: int, keep_every: int | None, kept: list[int]
+) -> None:
+    last = Path()
+    for step in range(1, 11):
+        last = save(root, step)
+    result = apply_retention(root, RUN, keep_last, keep_every, verified=last)
+    assert steps_on_disk(root) == kept
+    assert [int(p.name.removeprefix("step_")) for p in result.kept] == kept
+    assert sorted(int(p.name.removeprefix("step_")) for p in result.deleted) == sorted(set(range(1, 11)) - set(kept))
+
+
+def test_a_corrupt_newest_step_is_kept_and_does_not_count_so_the_newest_valid_survives(root: Path) -> None:
+    for step in range(1, 7):
+        save(root, step)
+    flip_a_byte(root / RUN / "step_6")  # same size: only a checksum can tell
+    apply_retention(root, RUN, keep_last=1)
+    assert steps_on_disk(root) == [5, 6]
+    d = discover(root, RUN)
+    assert d.latest is not None and d.latest.step == 5
+
+
+def test_invalid_steps_older_than_the_newest_valid_are_deleted(root: Path) -> None:
+    for step in range(1, 6):
+        save(root, step)
+    (root / RUN / "step_4" / MANIFEST).unlink()
+    (root / RUN / "step_2" / "data_plane" / "storage_0.pkl").write_bytes(b"short")
+    apply_retention(root, RUN, keep_last=3)
+    # Step 4 and step 2 are invalid; the last three valid are 5, 3, 1.
+    assert steps_on_disk(root) == [1, 3, 5]
+
+
+def test_with_no_valid_checkpoint_retention_deletes_nothing(root: Path) -> None:
+    for step in range(1, 4):
+        save(root, step)
+        (root / RUN / f"step_{step}" / MANIFEST).write_text("not json")
+    result = apply_retention(root, RUN, keep_last=1)
+    assert result.deleted == []
+    assert steps_on_disk(root) == [1, 2, 3]
+
+
+def test_retention_of_a_run_without_a_directory_does_nothing(root: Path) -> None:
+    assert apply_retention(root, RUN, keep_last=1).deleted == []
+
+
+def test_retention_leaves_no_trash_and_ignores_non_step_entries(root: Path) -> None:
+    for step in range(1, 4):
+        save(root, step)
+    (root / RUN / "status.json").write_text("{}")
+    apply_retention(root, RUN, keep_last=1)
+    assert sorted(os.listdir(root / RUN)) == ["status.json", "step_3"]
+
+
+@pytest.mark.parametrize(("keep_last", "keep_every"), [(-1, None), (1, 0), (1, -2)])
+def test_retention_refuses_nonsense_arguments(root: Path, keep_last: int, keep_every: int | None) -> None:
+    with pytest.raises(ValueError):
+        apply_retention(root, RUN, keep_last, keep_every)
