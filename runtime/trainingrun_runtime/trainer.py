@@ -1,0 +1,118 @@
+"""The trainer's state and one GRPO update, in plain torch (the trainer Ray actor wraps this).
+
+    batch {tokens [B,T], logprobs [B,L] (behaviour policy), advantages [B]}
+        ─► token_logprobs(π_θ) ─► grpo.policy_loss (+ β·KL to π_ref) ─► backward ─► clip ─► AdamW step
+
+`version` counts optimizer steps taken on whole batches (updates_per_batch inner
+steps count once), so version t is the policy after t training steps. State on disk,
+under the bundle's `policy/`: `model.pt` (weights), `optimizer.pt` (AdamW state) and
+`trainer.json` (version), all plain tensors and numbers: `torch.load(...,
+weights_only=True)` reads them. `weights_sha256` is the SHA-256 over the weights in
+canonical order (see `weights_sha256`), identical for bit-identical weights.
+
+Determinism: callers set `deterministic()` once per process (one thread,
+deterministic algorithms); batches arrive ordered by (uid, row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from trainingrun_runtime import config, grpo, model, task
+
+__all__ = ["Trainer", "deterministic", "weights_sha256"]
+
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer.json"
+
+
+def deterministic() -> None:
+    """Make this process's torch bit-reproducible on CPU: one intra-op thread, deterministic kernels."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+
+
+def weights_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over `name \\x1f dtype \\x1f shape \\x1e raw-bytes` for each tensor, names sorted."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}\x1f{t.dtype}\x1f{tuple(t.shape)}\x1e".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class Trainer:
+    """The policy being trained, its optimizer, an optional frozen reference, and the version counter."""
+
+    def __init__(self, cfg: config.TrainerConfig) -> None:
+        self.cfg = cfg
+        self.task = task.Task(cfg.task, cfg.seed)
+        self.model = model.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+        g = cfg.grpo
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay, foreach=False
+        )
+        self.reference: model.CausalTransformer | None = None
+        if g.kl_coef is not None:
+            self.reference = model.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+            self.reference.requires_grad_(False)
+        self.version = 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the weights (what generators load)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def weights_sha256(self) -> str:
+        """`weights_sha256` of the current weights."""
+        return weights_sha256(self.model.state_dict())
+
+    def train_step(self, tokens: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
+        """One training step (updates_per_batch optimizer steps) on one batch; version += 1."""
+        g = self.cfg.grpo
+        mask = torch.ones_like(old_logp)
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp = model.token_logprobs(self.reference, tokens, self.task.prompt_len, g.temperature)
+        stats: dict[str, float] = {}
+        for _ in range(g.updates_per_batch):
+            logp = model.token_logprobs(self.model, tokens, self.task.prompt_len, g.temperature)
+            loss, loss_stats = grpo.policy_loss(logp, old_logp, advantages, mask, g.clip_eps, g.kl_coef, ref_logp)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
+            self.optimizer.step()
+            stats = {
+                "loss": float(loss.detach()),
+                "pg_loss": loss_stats.pg_loss,
+                "kl": loss_stats.kl,
+                "clip_frac": loss_stats.clip_frac,
+                "grad_norm": float(grad_norm),
+            }
+        self.version += 1
+        return stats
+
+    def save(self, directory: str | os.PathLike[str]) -> str:
+        """Write model.pt, optimizer.pt and trainer.json into `directory` (created); return weights_sha256."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), path / MODEL_FILE)
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        (path / STATE_FILE).write_text(json.dumps({"version": self.version}))
+        return self.weights_sha256()
+
+    def load(self, directory: str | os.PathLike[str]) -> str:
+        """Read what `save` wrote (weights_only=True); return weights_sha256 of the loaded weights."""
+        path = Path(directory)
+        self.model.load_state_dict(torch.load(path / MODEL_FILE, weights_only=True))
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        self.version = int(json.loads((path / STATE_FILE).read_text())["version"])
+        return self.weights_sha256()
