@@ -1,0 +1,57 @@
+"""Standard conditions (type/status/reason/message/lastTransitionTime/observedGeneration). Pure.
+
+`decision.py` derives every condition from the phase and the recorded checkpoints on each pass; this module
+keeps lastTransitionTime stable while a condition's status does not change, as `kubectl wait` expects.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from trainingrun_operator import model
+from trainingrun_operator.phases import Phase
+
+__all__ = ["CONDITION_TYPES", "derive"]
+
+CONDITION_TYPES = ("Running", "CheckpointAvailable", "Succeeded", "Failed", "Suspended")
+
+
+def _set(
+    old: dict[str, model.Condition], kind: str, true: bool, reason: str, message: str, now: str, generation: int
+) -> model.Condition:
+    status: Literal["True", "False"] = "True" if true else "False"
+    before = old.get(kind)
+    changed = before is None or before.status != status
+    return model.Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now if changed or before is None else before.last_transition_time,
+        observed_generation=generation,
+    )
+
+
+def derive(
+    previous: list[model.Condition] | None,
+    phase: Phase,
+    reason: str,
+    message: str,
+    latest: model.CheckpointRecord | None,
+    now: str,
+    generation: int,
+) -> list[model.Condition]:
+    """All five conditions for a run in `phase` with newest checkpoint `latest`."""
+    old = {c.type: c for c in previous or []}
+    why = reason or phase.value
+    ckpt_message = f"step {latest.step} at {latest.path}" if latest else "no checkpoint recorded yet"
+    return [
+        _set(old, "Running", phase is Phase.RUNNING, why, message, now, generation),
+        _set(
+            old, "CheckpointAvailable", latest is not None,
+            "CheckpointRecorded" if latest else "NoCheckpoint", ckpt_message, now, generation,
+        ),
+        _set(old, "Succeeded", phase is Phase.SUCCEEDED, why, message, now, generation),
+        _set(old, "Failed", phase is Phase.FAILED, why, message, now, generation),
+        _set(old, "Suspended", phase is Phase.SUSPENDED, why, message, now, generation),
+    ]

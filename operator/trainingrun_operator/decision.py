@@ -1,0 +1,416 @@
+"""The decision core: (spec, status, observed attempt, now) -> (new status, merge patch, actions). Pure.
+
+Called by the kopf handlers (`handlers.py`) for a cluster and by the local backend (`local.py`) on one
+machine; both only gather the inputs and carry out the actions. No kopf, no I/O, no clock of its own.
+
+One pass runs in a fixed order:
+
+    terminal? ──> (Failed: delete a leftover RayJob) done
+    validate spec ──> invalid: Failed (condition names the field)
+    fold status.runtime (fenced: only the current attempt's report counts) into checkpoints
+    delete RayJobs of other attempts
+    switch on phase:
+      Pending     -> suspended? Suspended : start attempt 1
+      Starting    -> classify; running? Running; RayJob missing? create again (409 = adopt)
+      Running     -> classify; ended? charge the budget -> Restarting(reason) | Failed | Succeeded
+      Restarting  -> wait until the old attempt's pods are gone and the backoff passed -> start next
+      Suspended   -> unsuspended and pods gone? start next attempt
+    derive conditions; check the transition table; diff into a merge patch (never touching status.runtime)
+
+Identities (the attempt number and RayJob name, the driver's ServiceAccount) are in the returned status
+before the matching Create actions: the caller writes the status first, then acts, so a crash between the
+two leaves a name that the next pass adopts instead of a duplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from trainingrun_operator import conditions, model, naming, patching, phases, restarts, validation
+from trainingrun_operator.classification import FailureClass, Outcome, classify
+from trainingrun_operator.observation import AttemptObservation
+from trainingrun_operator.phases import Phase
+
+__all__ = [
+    "MAX_ATTEMPT_HISTORY",
+    "MAX_CHECKPOINT_HISTORY",
+    "Action",
+    "CreateAttempt",
+    "Decision",
+    "DeleteRayJob",
+    "EnsureIdentity",
+    "Event",
+    "Inputs",
+    "decide",
+    "rfc3339",
+]
+
+MAX_CHECKPOINT_HISTORY = 20
+MAX_ATTEMPT_HISTORY = 100
+POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also wake the handler)
+
+
+# -------------------------------------------------------------------------------------------- records
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Everything one decision needs. `observed` is about `status.attempt` (None: nothing looked up yet)."""
+
+    run: str
+    namespace: str
+    generation: int
+    spec: model.TrainingRunSpec
+    status: model.TrainingRunStatus
+    observed: AttemptObservation | None
+    now: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class EnsureIdentity:
+    """Create (or adopt) the driver's ServiceAccount, Role and RoleBinding named in status.identity."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateAttempt:
+    """Create (or adopt, on 409) the attempt's RayJob, resuming from `resume` (None: the driver's newest)."""
+
+    number: int
+    ray_job_name: str
+    resume: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeleteRayJob:
+    """Delete an attempt's RayJob (and with it its Ray cluster and pods); checkpoints stay on the volume."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A Kubernetes event on the TrainingRun (type Normal or Warning)."""
+
+    type: str
+    reason: str
+    message: str
+
+
+Action = EnsureIdentity | CreateAttempt | DeleteRayJob | Event
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The new operator-owned status, the merge patch that writes it, the actions, and when to look again."""
+
+    status: model.TrainingRunStatus
+    patch: dict[str, Any]
+    actions: tuple[Action, ...]
+    requeue_after: float | None
+
+    @property
+    def phase(self) -> Phase:
+        return Phase(self.status.phase or Phase.PENDING.value)
+
+
+def rfc3339(when: datetime.datetime) -> str:
+    """UTC timestamp as the API server writes it: 2025-01-02T03:04:05Z."""
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+# ------------------------------------------------------------------------------------------- the pass
+
+
+class _Pass:
+    """One decision pass: a draft of the new status plus the actions collected so far (local to decide())."""
+
+    def __init__(self, inputs: Inputs) -> None:
+        self.inputs = inputs
+        self.now = rfc3339(inputs.now)
+        st = inputs.status
+        self.phase = Phase(st.phase or Phase.PENDING.value)
+        self.reason = st.reason or ""
+        self.message = st.message or ""
+        self.status = st
+        self.actions: list[Action] = []
+        self.requeue: float | None = None
+
+    # -- small helpers
+
+    def update(self, **fields: Any) -> None:
+        self.status = self.status.model_copy(update=fields)
+
+    def emit(self, kind: str, reason: str, message: str) -> None:
+        self.actions.append(Event(kind, reason, message))
+
+    def wait(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def move(self, phase: Phase, reason: str = "", message: str = "") -> None:
+        self.phase, self.reason, self.message = phase, reason, message
+
+    @property
+    def attempt(self) -> model.AttemptRecord | None:
+        return self.status.attempt
+
+    @property
+    def observed(self) -> AttemptObservation:
+        number = self.attempt.number if self.attempt else 0
+        return self.inputs.observed or AttemptObservation(number=number)
+
+    def delete_current_rayjob(self) -> None:
+        job = self.observed.rayjob
+        if job is not None and not job.deleting:
+            self.actions.append(DeleteRayJob(job.name))
+
+    def pods_gone(self) -> bool:
+        obs = self.observed
+        return not obs.pods and obs.other_pods == 0
+
+    # -- checkpoints (fencing)
+
+    def fold_runtime_report(self) -> None:
+        report, attempt = self.status.runtime, self.attempt
+        if report is None or report.last_checkpoint is None or attempt is None:
+            return
+        if report.attempt != attempt.number:
+            return  # a stale attempt's report: never recorded (fencing)
+        ckpt = report.last_checkpoint
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        latest = book.latest
+        if latest is not None and (latest.step, latest.attempt, latest.path) == (ckpt.step, ckpt.attempt, ckpt.path):
+            return
+        history = [h for h in book.history or [] if h.step != ckpt.step] + [ckpt]
+        bad = [s for s in book.bad or [] if s != ckpt.step] or None
+        self.update(
+            checkpoints=model.CheckpointsStatus(latest=ckpt, history=history[-MAX_CHECKPOINT_HISTORY:], bad=bad)
+        )
+        if ckpt.attempt == attempt.number:
+            self.update(consecutive_failures=0)  # an attempt that produced a checkpoint resets the count
+        self.emit("Normal", "CheckpointRecorded", f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}")
+
+    def restore_error(self) -> str | None:
+        report, attempt = self.status.runtime, self.attempt
+        if report is None or attempt is None or report.attempt != attempt.number:
+            return None
+        return report.restore_error
+
+    # -- attempts
+
+    def resume_point(self) -> tuple[bool, int | None]:
+        """(possible, step): the newest recorded checkpoint not known bad; else the pinned step; else latest."""
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        bad = set(book.bad or [])
+        for ckpt in reversed([*(book.history or []), *([book.latest] if book.latest else [])]):
+            if ckpt.step not in bad:
+                return True, ckpt.step
+        resume = self.inputs.spec.resume
+        if resume.policy == "step" and resume.step is not None and resume.step not in bad:
+            return True, resume.step
+        if bad:
+            return False, None  # every checkpoint we know of failed to restore; "latest" would pick one again
+        return True, None
+
+    def start_attempt(self) -> None:
+        possible, resume = self.resume_point()
+        if not possible:
+            self.fail("NoRestorableCheckpoint", "every recorded checkpoint failed to restore")
+            return
+        number = (self.attempt.number if self.attempt else 0) + 1
+        name = naming.rayjob_name(self.inputs.run, number)
+        identity = naming.identity_name(self.inputs.run)
+        self.update(
+            attempt=model.AttemptRecord(number=number, ray_job_name=name, start=self.now, resumed_from=resume),
+            identity=model.Identity(
+                service_account_name=identity, role_name=identity, role_binding_name=identity
+            ),
+            next_attempt_time=None,
+            start_time=self.status.start_time or self.now,
+        )
+        self.actions += [EnsureIdentity(identity), CreateAttempt(number, name, resume)]
+        where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
+        self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
+        self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")
+
+    def end_attempt(self, reason: str, detail: str) -> None:
+        attempt = self.attempt
+        if attempt is None or attempt.end:
+            return
+        progress = [s for s in (self.observed.progress_step, self._reported_step()) if s is not None]
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        base = book.latest.step if book.latest else (attempt.resumed_from or 0)
+        lost = max(0, max(progress) - base) if progress else None
+        ended = attempt.model_copy(update={"end": self.now, "reason": reason, "message": detail, "steps_lost": lost})
+        self.update(attempt=ended, attempts=[*(self.status.attempts or []), ended][-MAX_ATTEMPT_HISTORY:])
+
+    def _reported_step(self) -> int | None:
+        report, attempt = self.status.runtime, self.attempt
+        if report is None or attempt is None or report.attempt != attempt.number:
+            return None
+        return report.step
+
+    # -- outcomes
+
+    def fail(self, reason: str, message: str) -> None:
+        self.delete_current_rayjob()
+        self.update(completion_time=self.now, next_attempt_time=None)
+        self.emit("Warning", reason, message)
+        self.move(Phase.FAILED, reason, message)
+
+    def succeed(self, detail: str) -> None:
+        self.end_attempt("Succeeded", detail)
+        self.update(completion_time=self.now)
+        self.emit("Normal", "Succeeded", f"attempt {self.attempt.number if self.attempt else '?'}: {detail}")
+        self.move(Phase.SUCCEEDED, "Succeeded", detail)
+
+    def attempt_failed(self, outcome: Outcome) -> None:
+        assert outcome.failure is not None
+        failure = outcome.failure
+        self.end_attempt(failure.value, outcome.detail)
+        self.delete_current_rayjob()
+        permanent = outcome.permanent
+        if failure is FailureClass.FAILED_RESTORE and not self._mark_bad_resume_point():
+            # The driver chose the newest checkpoint on the volume itself and could not restore it;
+            # "latest" would pick the same one again. A user can pin an older one with spec.resume.
+            permanent = True
+        charged = restarts.charge(
+            self.inputs.spec.restart_policy,
+            self.status.restarts or model.RestartCounts(),
+            self.status.consecutive_failures or 0,
+            failure,
+        )
+        self.update(restarts=charged.restarts, consecutive_failures=charged.consecutive_failures)
+        number = self.attempt.number if self.attempt else 0
+        self.emit("Warning", failure.value, f"attempt {number} ended: {outcome.detail}")
+        if permanent:
+            self.fail("PermanentFailure", f"{failure.value}: {outcome.detail} (retrying cannot help)")
+        elif charged.exhausted:
+            self.fail("BudgetExhausted", f"{failure.value}: {outcome.detail}; {charged.exhausted}")
+        else:
+            wake = self.inputs.now + datetime.timedelta(seconds=charged.delay_seconds)
+            self.update(next_attempt_time=rfc3339(wake))
+            self.move(
+                Phase.RESTARTING,
+                failure.value,
+                f"attempt {number} ended ({outcome.detail}); next attempt in {charged.delay_seconds:g}s",
+            )
+            self.emit("Normal", "Restarting", self.message)
+            self.wait(POLL_SECONDS)
+
+    def _mark_bad_resume_point(self) -> bool:
+        """Record the step this attempt failed to restore as bad; False if there is no step to blame."""
+        attempt = self.attempt
+        if attempt is None or attempt.resumed_from is None:
+            return False
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        bad = sorted({*(book.bad or []), attempt.resumed_from})
+        self.update(checkpoints=book.model_copy(update={"bad": bad[-MAX_ATTEMPT_HISTORY:]}))
+        return True
+
+    # -- phases
+
+    def suspend(self) -> None:
+        if self.phase in (Phase.STARTING, Phase.RUNNING):
+            self.end_attempt("Suspended", "spec.suspend is true")
+            self.delete_current_rayjob()
+        self.update(next_attempt_time=None)
+        self.emit("Normal", "Suspended", "spec.suspend is true; no attempt runs, checkpoints are kept")
+        self.move(Phase.SUSPENDED, "Suspended", "spec.suspend is true")
+
+    def on_active(self) -> None:
+        running = self.phase is Phase.RUNNING
+        outcome = classify(self.observed, running=running, restore_error=self.restore_error())
+        if outcome is None:
+            if not running and self._looks_running():
+                number = self.attempt.number if self.attempt else 0
+                self.emit("Normal", "AttemptRunning", f"attempt {number} is running")
+                self.move(Phase.RUNNING, "AttemptRunning", f"attempt {number} is running")
+            elif not running and self.observed.rayjob is None and self.observed.backend == "kuberay":
+                self._recreate_missing()
+        elif outcome.succeeded:
+            self.succeed(outcome.detail)
+        else:
+            self.attempt_failed(outcome)
+
+    def _looks_running(self) -> bool:
+        obs = self.observed
+        job = obs.rayjob
+        if job is not None:
+            return job.deployment_status == "Running" or job.job_status == "RUNNING"
+        head = obs.head
+        return obs.backend == "local" and head is not None and head.phase == "Running"
+
+    def _recreate_missing(self) -> None:
+        attempt = self.attempt
+        if attempt is None or attempt.ray_job_name is None:
+            return
+        identity = naming.identity_name(self.inputs.run)
+        self.actions += [EnsureIdentity(identity), CreateAttempt(attempt.number, attempt.ray_job_name, attempt.resumed_from)]
+
+    def on_waiting(self) -> None:
+        """Restarting or Suspended(unsuspended): start the next attempt once the old pods are gone."""
+        self.delete_current_rayjob()
+        if not self.pods_gone():
+            self.wait(POLL_SECONDS)
+            return
+        wake = _parse_time(self.status.next_attempt_time)
+        if wake is not None and wake > self.inputs.now:
+            self.wait((wake - self.inputs.now).total_seconds())
+            return
+        self.start_attempt()
+
+
+def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
+    inputs = p.inputs
+    phases.check_transition(Phase(old.phase or Phase.PENDING.value), p.phase)
+    book = p.status.checkpoints
+    p.update(
+        phase=p.phase.value,
+        reason=p.reason or None,
+        message=p.message or None,
+        observed_generation=inputs.generation,
+        conditions=conditions.derive(
+            old.conditions, p.phase, p.reason, p.message, book.latest if book else None, p.now, inputs.generation
+        ),
+    )
+    before = {k: v for k, v in old.wire().items() if k != "runtime"}
+    after = {k: v for k, v in p.status.wire().items() if k != "runtime"}
+    return Decision(p.status, patching.diff(before, after), tuple(p.actions), p.requeue)
+
+
+def decide(inputs: Inputs) -> Decision:
+    """One reconcile pass over a TrainingRun. See the module docstring for the order."""
+    p = _Pass(inputs)
+    if p.phase in phases.TERMINAL:
+        p.fold_runtime_report()
+        if p.phase is Phase.FAILED:
+            p.delete_current_rayjob()
+        return _conditions_and_patch(p, inputs.status)
+    problem = validation.spec_problem(inputs.spec)
+    if problem is not None:
+        p.end_attempt("InvalidSpec", problem)
+        p.fail("InvalidSpec", problem)
+        return _conditions_and_patch(p, inputs.status)
+    p.fold_runtime_report()
+    for name in p.observed.other_rayjobs:
+        p.actions.append(DeleteRayJob(name))
+    suspend = inputs.spec.suspend
+    if p.phase is Phase.PENDING:
+        p.suspend() if suspend else p.on_waiting()
+    elif p.phase in (Phase.STARTING, Phase.RUNNING):
+        p.suspend() if suspend else p.on_active()
+    elif p.phase is Phase.RESTARTING:
+        p.suspend() if suspend else p.on_waiting()
+    elif p.phase is Phase.SUSPENDED:
+        p.on_waiting() if not suspend else p.delete_current_rayjob()
+    return _conditions_and_patch(p, inputs.status)

@@ -1,0 +1,153 @@
+"""What the operator observed about an attempt: frozen records built from raw Kubernetes objects (or, in local
+mode, from a driver process). Pure: the kopf handlers and the local backend build these; `classification.py`
+and `decision.py` read them.
+
+Only the facts the decision needs are kept: KubeRay's view of the RayJob, and for every pod of the attempt
+its phase, disruption condition, node health, the Ray container's termination and waiting reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "AttemptObservation",
+    "PodObservation",
+    "RayJobObservation",
+    "exit_code_from_message",
+    "pod_observation",
+    "rayjob_observation",
+]
+
+_EXIT_CODE = re.compile(r"exit code (-?\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RayJobObservation:
+    """KubeRay's status of the attempt's RayJob."""
+
+    name: str
+    deployment_status: str = ""  # New, Initializing, Running, Complete, Failed, Suspending, Suspended, ...
+    job_status: str = ""  # PENDING, RUNNING, STOPPED, SUCCEEDED, FAILED
+    reason: str = ""  # SubmissionFailed, DeadlineExceeded, AppFailed, ValidationFailed, ...
+    message: str = ""
+    suspend: bool = False  # spec.suspend: set by a queue (Kueue) when we never ask for it
+    deleting: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PodObservation:
+    """One pod of the attempt's Ray cluster."""
+
+    name: str
+    node_type: str  # "head" or "worker" (label ray.io/node-type)
+    phase: str = "Pending"
+    deleting: bool = False
+    reason: str = ""  # pod.status.reason: Evicted, Preempting, NodeLost, ...
+    disruption: str = ""  # reason of a True DisruptionTarget condition: PreemptionByScheduler, EvictionByEvictionAPI, ...
+    node_name: str = ""
+    node_ready: bool | None = None  # None: not scheduled or not known
+    node_gone: bool = False
+    exit_code: int | None = None  # the Ray container's last termination
+    termination_reason: str = ""  # OOMKilled, Error, ...
+    waiting_reason: str = ""  # ImagePullBackOff, ErrImagePull, InvalidImageName, CreateContainerConfigError, ...
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_type == "head"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptObservation:
+    """Everything observed about the current attempt, plus leftovers of earlier attempts."""
+
+    number: int
+    backend: str = "kuberay"  # "kuberay" or "local" (a local driver process has no RayJob)
+    rayjob: RayJobObservation | None = None
+    pods: tuple[PodObservation, ...] = ()
+    other_rayjobs: tuple[str, ...] = ()  # this run's RayJobs of other attempts (to delete)
+    other_pods: int = 0  # this run's pods of other attempts (a new attempt waits until 0)
+    exit_code: int | None = None  # the driver's exit code, when known (local mode; parsed from KubeRay's message)
+    progress_step: int | None = None  # newest training step seen, when known beyond status.runtime
+    stderr_tail: str = ""
+
+    @property
+    def head(self) -> PodObservation | None:
+        return next((p for p in self.pods if p.is_head), None)
+
+
+def exit_code_from_message(message: str) -> int | None:
+    """The driver's exit code from Ray's job message ('Job entrypoint command failed with exit code 3, ...')."""
+    found = _EXIT_CODE.search(message)
+    return int(found.group(1)) if found else None
+
+
+def rayjob_observation(obj: Mapping[str, Any]) -> RayJobObservation:
+    """Build a RayJobObservation from a raw RayJob object."""
+    meta = obj.get("metadata", {})
+    status = obj.get("status") or {}
+    return RayJobObservation(
+        name=str(meta.get("name", "")),
+        deployment_status=str(status.get("jobDeploymentStatus") or ""),
+        job_status=str(status.get("jobStatus") or ""),
+        reason=str(status.get("reason") or ""),
+        message=str(status.get("message") or ""),
+        suspend=bool((obj.get("spec") or {}).get("suspend", False)),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _true_condition_reason(conditions: Iterable[Mapping[str, Any]], kind: str) -> str:
+    for cond in conditions:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return str(cond.get("reason") or kind)
+    return ""
+
+
+def node_ready(node: Mapping[str, Any] | None) -> bool | None:
+    """True/False from a node's Ready condition; None when there is no node object."""
+    if node is None:
+        return None
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return None
+
+
+def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> PodObservation:
+    """Build a PodObservation from a raw pod and the nodes known by name (a missing node is `node_gone`)."""
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    node_name = str(spec.get("nodeName") or "")
+    node = nodes.get(node_name) if node_name else None
+    exit_code: int | None = None
+    termination_reason = ""
+    waiting_reason = ""
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        last = cs.get("lastState") or {}
+        terminated = state.get("terminated") or last.get("terminated")
+        if terminated:
+            exit_code = int(terminated.get("exitCode", 0))
+            termination_reason = str(terminated.get("reason") or "")
+        waiting = state.get("waiting")
+        if waiting:
+            waiting_reason = str(waiting.get("reason") or "")
+    return PodObservation(
+        name=str(meta.get("name", "")),
+        node_type=str((meta.get("labels") or {}).get("ray.io/node-type", "")),
+        phase=str(status.get("phase") or "Pending"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        reason=str(status.get("reason") or ""),
+        disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
+        node_name=node_name,
+        node_ready=node_ready(node),
+        node_gone=bool(node_name) and node is None,
+        exit_code=exit_code,
+        termination_reason=termination_reason,
+        waiting_reason=waiting_reason,
+    )

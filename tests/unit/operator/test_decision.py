@@ -1,0 +1,378 @@
+"""The decision core, driven through whole journeys against an in-memory status (the API server's role).
+
+Each step feeds an observation and the clock to `decide`, applies the returned merge patch to the stored
+status exactly as the API server would, and checks the phase, the actions and the recorded history.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+
+from trainingrun_operator import decision, model, patching
+from trainingrun_operator.decision import CreateAttempt, DeleteRayJob, EnsureIdentity, Event
+from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
+T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def spec_doc(**overrides: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text())["spec"])
+    doc["restartPolicy"] = {"failureBudget": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 40, "factor": 2}}
+    doc.update(overrides)
+    return doc
+
+
+class Store:
+    """A TrainingRun's status as the API server keeps it, plus the clock."""
+
+    def __init__(self, spec: dict[str, Any] | None = None) -> None:
+        self.spec = model.TrainingRunSpec.model_validate(spec or spec_doc())
+        self.status: dict[str, Any] = {}
+        self.now = T0
+        self.generation = 1
+
+    def decide(self, observed: AttemptObservation | None = None) -> decision.Decision:
+        result = decision.decide(
+            decision.Inputs(
+                run="tiny",
+                namespace="ns",
+                generation=self.generation,
+                spec=self.spec,
+                status=model.TrainingRunStatus.model_validate(self.status),
+                observed=observed,
+                now=self.now,
+            )
+        )
+        assert "runtime" not in result.patch, "the operator never writes the driver's field"
+        self.status = patching.apply(self.status, result.patch)
+        return result
+
+    def report(self, attempt: int, step: int, *, ckpt_attempt: int | None = None, **extra: Any) -> None:
+        """The driver's merge patch into status.runtime after a checkpoint's rename."""
+        self.status["runtime"] = {
+            "attempt": attempt,
+            "step": step,
+            "updated": "2025-01-01T00:00:00Z",
+            "finished": False,
+            "lastCheckpoint": {
+                "step": step,
+                "path": f"/checkpoints/tiny/step_{step}",
+                "attempt": ckpt_attempt or attempt,
+                "time": "2025-01-01T00:00:00Z",
+            },
+            **extra,
+        }
+
+    @property
+    def phase(self) -> str:
+        return str(self.status["phase"])
+
+    def attempt(self) -> int:
+        return int(self.status["attempt"]["number"])
+
+
+def running(n: int) -> AttemptObservation:
+    return AttemptObservation(
+        number=n,
+        rayjob=RayJobObservation(name=f"tiny-a{n}", deployment_status="Running", job_status="RUNNING"),
+        pods=(PodObservation(name=f"tiny-a{n}-head", node_type="head", phase="Running", node_ready=True),),
+    )
+
+
+def preempted(n: int) -> AttemptObservation:
+    return AttemptObservation(
+        number=n,
+        rayjob=RayJobObservation(name=f"tiny-a{n}", deployment_status="Running", job_status="RUNNING"),
+        pods=(PodObservation(name=f"tiny-a{n}-head", node_type="head", phase="Running", disruption="PreemptionByScheduler"),),
+    )
+
+
+def failed(n: int, code: int = 1) -> AttemptObservation:
+    return AttemptObservation(
+        number=n,
+        rayjob=RayJobObservation(
+            name=f"tiny-a{n}", deployment_status="Failed", job_status="FAILED", reason="AppFailed",
+            message=f"Job entrypoint command failed with exit code {code}",
+        ),
+    )
+
+
+def deleting(n: int, pods: int = 1) -> AttemptObservation:
+    """The ended attempt's RayJob is being deleted and `pods` of its pods still exist."""
+    return AttemptObservation(
+        number=n,
+        rayjob=RayJobObservation(name=f"tiny-a{n}", deleting=True),
+        pods=tuple(PodObservation(name=f"p{i}", node_type="worker", deleting=True) for i in range(pods)),
+    )
+
+
+def gone(n: int) -> AttemptObservation:
+    return AttemptObservation(number=n)
+
+
+def creates(result: decision.Decision) -> list[CreateAttempt]:
+    return [a for a in result.actions if isinstance(a, CreateAttempt)]
+
+
+def start_and_run(store: Store) -> None:
+    n = store.attempt() + 1 if store.status.get("attempt") else 1
+    store.decide(gone(n - 1) if n > 1 else None)
+    assert store.phase == "Starting"
+    store.decide(running(n))
+    assert store.phase == "Running"
+
+
+# ------------------------------------------------------------------------------------------- journeys
+
+
+def test_a_new_run_writes_its_identities_and_creates_attempt_one_resuming_from_latest() -> None:
+    store = Store()
+    result = store.decide()
+    assert result.phase.value == "Starting"
+    assert result.patch["attempt"] == {"number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z"}
+    assert result.patch["identity"] == {
+        "serviceAccountName": "tiny-driver", "roleName": "tiny-driver", "roleBindingName": "tiny-driver",
+    }
+    assert [a for a in result.actions if not isinstance(a, Event)] == [
+        EnsureIdentity("tiny-driver"), CreateAttempt(1, "tiny-a1", None),
+    ]
+    assert any(isinstance(a, Event) and a.reason == "AttemptStarted" for a in result.actions)
+
+
+def test_the_first_attempt_resumes_from_a_pinned_step() -> None:
+    store = Store(spec_doc(resume={"policy": "step", "step": 20}))
+    assert creates(store.decide()) == [CreateAttempt(1, "tiny-a1", 20)]
+
+
+def test_preemption_leads_to_attempt_two_from_the_recorded_step_without_touching_the_failure_budget() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 15)
+    store.decide(running(1))
+    assert store.status["checkpoints"]["latest"]["step"] == 15
+
+    result = store.decide(preempted(1))
+    assert store.phase == "Restarting"
+    assert store.status["reason"] == "Preempted"
+    assert DeleteRayJob("tiny-a1") in result.actions
+    assert store.status["restarts"] == {
+        "total": 1, "preempted": 1, "applicationFailure": 0, "infrastructureFailure": 0, "failedRestore": 0,
+    }
+    assert store.status.get("consecutiveFailures", 0) == 0
+    assert store.status["attempts"][0]["reason"] == "Preempted"
+
+    assert creates(store.decide(deleting(1))) == [], "no new attempt while the old attempt's pods exist"
+    result = store.decide(gone(1))
+    assert creates(result) == [CreateAttempt(2, "tiny-a2", 15)]
+    assert store.status["attempt"]["resumedFrom"] == 15
+    assert store.phase == "Starting"
+
+
+def test_three_application_failures_fail_the_run_with_growing_backoff() -> None:
+    store = Store()
+    delays = []
+    for n in (1, 2, 3):
+        start_and_run(store)
+        store.decide(failed(n))
+        if n < 3:
+            assert store.phase == "Restarting"
+            wake = datetime.datetime.fromisoformat(store.status["nextAttemptTime"].replace("Z", "+00:00"))
+            delays.append((wake - store.now).total_seconds())
+            early = store.decide(gone(n))
+            assert creates(early) == [] and early.requeue_after == pytest.approx(delays[-1])
+            store.now = wake
+    assert delays == [10.0, 20.0]
+    assert store.phase == "Failed"
+    assert store.status["reason"] == "BudgetExhausted"
+    assert store.status["restarts"]["applicationFailure"] == 3
+    failed_condition = next(c for c in store.status["conditions"] if c["type"] == "Failed")
+    assert failed_condition["status"] == "True" and failed_condition["observedGeneration"] == 1
+
+
+def test_a_new_checkpoint_resets_the_consecutive_failure_count() -> None:
+    store = Store()
+    for n in (1, 2):
+        start_and_run(store)
+        store.decide(failed(n))
+        store.now += datetime.timedelta(minutes=5)
+    assert store.status["consecutiveFailures"] == 2
+    start_and_run(store)
+    store.report(3, 10)
+    store.decide(running(3))
+    assert store.status["consecutiveFailures"] == 0
+    store.decide(failed(3))
+    assert store.phase == "Restarting" and store.status["consecutiveFailures"] == 1
+
+
+def test_success_leads_to_succeeded_and_keeps_the_rayjob() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 40, finished=True)
+    done = AttemptObservation(number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED"))
+    result = store.decide(done)
+    assert store.phase == "Succeeded"
+    assert not any(isinstance(a, DeleteRayJob) for a in result.actions)
+    assert store.status["checkpoints"]["latest"]["step"] == 40
+    assert {c["type"]: c["status"] for c in store.status["conditions"]} == {
+        "Running": "False", "CheckpointAvailable": "True", "Succeeded": "True", "Failed": "False", "Suspended": "False",
+    }
+    assert store.status["completionTime"] == "2025-01-01T00:00:00Z"
+    assert store.decide(done).patch == {}, "a finished run settles"
+
+
+def test_a_report_from_a_stale_attempt_is_ignored() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    store.decide(preempted(1))
+    store.decide(gone(1))
+    store.decide(running(2))
+    store.report(1, 20)  # a zombie of attempt 1 reports after attempt 2 started
+    result = store.decide(running(2))
+    assert store.status["checkpoints"]["latest"]["step"] == 10
+    assert not any(isinstance(a, Event) and a.reason == "CheckpointRecorded" for a in result.actions)
+    store.report(2, 20)
+    store.decide(running(2))
+    assert store.status["checkpoints"]["latest"] == {
+        "step": 20, "path": "/checkpoints/tiny/step_20", "attempt": 2, "time": "2025-01-01T00:00:00Z",
+    }
+    assert [h["step"] for h in store.status["checkpoints"]["history"]] == [10, 20]
+
+
+def test_checkpoint_history_is_bounded() -> None:
+    store = Store()
+    start_and_run(store)
+    for step in range(5, 5 * (decision.MAX_CHECKPOINT_HISTORY + 10), 5):
+        store.report(1, step)
+        store.decide(running(1))
+    history = store.status["checkpoints"]["history"]
+    assert len(history) == decision.MAX_CHECKPOINT_HISTORY
+    assert history[-1]["step"] == store.status["checkpoints"]["latest"]["step"]
+
+
+def test_a_failed_restore_marks_the_step_bad_and_falls_back_to_the_previous_checkpoint() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    store.report(1, 20)
+    store.decide(running(1))
+    store.decide(preempted(1))
+    store.decide(gone(1))
+    store.decide(running(2))
+    store.status["runtime"] = {"attempt": 2, "step": 20, "restoreError": "policy/weights.pt: sha256 mismatch"}
+    store.decide(running(2))
+    assert store.phase == "Restarting" and store.status["reason"] == "FailedRestore"
+    assert store.status["checkpoints"]["bad"] == [20]
+    store.now += datetime.timedelta(minutes=1)
+    assert creates(store.decide(gone(2))) == [CreateAttempt(3, "tiny-a3", 10)]
+
+
+def test_a_failed_restore_of_the_drivers_own_choice_fails_the_run() -> None:
+    store = Store()
+    start_and_run(store)
+    store.decide(failed(1, code=3))
+    assert store.phase == "Failed" and store.status["reason"] == "PermanentFailure"
+    assert "FailedRestore" in store.status["message"]
+
+
+def test_a_bad_config_exit_fails_at_once() -> None:
+    store = Store()
+    start_and_run(store)
+    result = store.decide(failed(1, code=2))
+    assert store.phase == "Failed" and store.status["reason"] == "PermanentFailure"
+    assert DeleteRayJob("tiny-a1") in result.actions
+
+
+def test_a_preemption_budget_fails_the_run_on_the_preemption_after_it() -> None:
+    store = Store(spec_doc(restartPolicy={"preemptionBudget": 1}))
+    start_and_run(store)
+    store.decide(preempted(1))
+    start_and_run(store)
+    store.decide(preempted(2))
+    assert store.phase == "Failed" and "preemption budget exhausted" in store.status["message"]
+
+
+def test_head_pod_gone_while_the_rayjob_says_running_ends_the_attempt() -> None:
+    store = Store()
+    start_and_run(store)
+    headless = AttemptObservation(
+        number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Running", job_status="RUNNING")
+    )
+    result = store.decide(headless)
+    assert store.phase == "Restarting" and store.status["reason"] == "InfrastructureFailure"
+    assert DeleteRayJob("tiny-a1") in result.actions
+
+
+def test_a_missing_rayjob_while_starting_is_created_again_under_the_same_name() -> None:
+    store = Store()
+    store.decide()
+    result = store.decide(AttemptObservation(number=1))
+    assert creates(result) == [CreateAttempt(1, "tiny-a1", None)]
+    assert store.attempt() == 1 and store.phase == "Starting"
+
+
+def test_rayjobs_of_other_attempts_are_deleted() -> None:
+    store = Store()
+    start_and_run(store)
+    obs = AttemptObservation(number=1, rayjob=running(1).rayjob, pods=running(1).pods, other_rayjobs=("tiny-a0",))
+    assert DeleteRayJob("tiny-a0") in store.decide(obs).actions
+
+
+def test_suspend_stops_the_attempt_and_resume_starts_the_next_from_the_recorded_step() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 5)
+    store.decide(running(1))
+    store.spec = store.spec.model_copy(update={"suspend": True})
+    result = store.decide(running(1))
+    assert store.phase == "Suspended" and DeleteRayJob("tiny-a1") in result.actions
+    assert store.status.get("restarts", {}).get("total", 0) == 0, "a suspension is not a restart"
+    store.spec = store.spec.model_copy(update={"suspend": False})
+    assert creates(store.decide(deleting(1))) == []
+    assert creates(store.decide(gone(1))) == [CreateAttempt(2, "tiny-a2", 5)]
+
+
+def test_an_invalid_trainer_fails_the_run_naming_the_field() -> None:
+    doc = spec_doc()
+    doc["trainer"]["grpo"]["lrr"] = 0.1
+    store = Store(doc)
+    result = store.decide()
+    assert store.phase == "Failed" and store.status["reason"] == "InvalidSpec"
+    assert "spec.trainer.grpo.lrr" in store.status["message"]
+    assert creates(result) == []
+
+
+def test_conditions_carry_the_generation_and_keep_their_transition_time() -> None:
+    store = Store()
+    start_and_run(store)
+    first = {c["type"]: c for c in store.status["conditions"]}["Running"]
+    store.now += datetime.timedelta(minutes=1)
+    store.generation = 2
+    store.decide(running(1))
+    again = {c["type"]: c for c in store.status["conditions"]}["Running"]
+    assert again["lastTransitionTime"] == first["lastTransitionTime"]
+    assert again["observedGeneration"] == 2 and store.status["observedGeneration"] == 2
+
+
+def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    store.status["runtime"]["step"] = 14  # progress beyond the checkpoint, as far as reported
+    store.now += datetime.timedelta(minutes=3)
+    store.decide(preempted(1))
+    (record,) = store.status["attempts"]
+    assert record == {
+        "number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z", "end": "2025-01-01T00:03:00Z",
+        "reason": "Preempted", "message": record["message"], "stepsLost": 4,
+    }
