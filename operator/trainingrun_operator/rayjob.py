@@ -1,0 +1,149 @@
+"""The RayJob of one attempt, built as a plain dict. Pure: no I/O; `apiclient.py` sends what this returns.
+
+Called by `handlers.py` when the decision core asks for `CreateAttempt`. The shape (KubeRay v1.5.0, ray.io/v1):
+
+    RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt
+      spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
+      spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
+      spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
+      spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
+      spec.rayClusterSpec
+        headGroupSpec            one pod, the per-run ServiceAccount (the driver patches status.runtime)
+        workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted
+        every pod                the checkpoint PVC at /checkpoints, labels run + attempt
+
+tests/unit/operator/test_rayjob.py validates the output against KubeRay v1.5.0's real RayJob CRD schema.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from typing import Any
+
+from trainingrun_operator import model, naming, validation
+
+__all__ = ["CHECKPOINT_MOUNT", "CONTAINER_HEAD", "CONTAINER_WORKER", "build_rayjob", "checkpoint_root", "entrypoint"]
+
+CHECKPOINT_MOUNT = "/checkpoints"
+CHECKPOINT_VOLUME = "checkpoints"
+CONTAINER_HEAD = "ray-head"
+CONTAINER_WORKER = "ray-worker"
+RAYJOB_API_VERSION = "ray.io/v1"
+
+
+def checkpoint_root(spec: model.TrainingRunSpec) -> str:
+    """The driver's `--root`: the PVC's mount point joined with spec.checkpoint.path."""
+    path = spec.checkpoint.path
+    return posixpath.join(CHECKPOINT_MOUNT, path) if path else CHECKPOINT_MOUNT
+
+
+def entrypoint(run: str, namespace: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec) -> str:
+    """The driver command line, every argument shell-quoted (the config JSON comes from the user)."""
+    config = validation.runtime_config(spec).model_dump(mode="json", by_alias=True)
+    argv = [
+        "python", "-m", "trainingrun_runtime",
+        "--run", run,
+        "--namespace", namespace,
+        "--attempt", str(attempt),
+        "--resume", "latest" if resume is None else str(resume),
+        "--root", checkpoint_root(spec),
+        "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
+        "--reporter", "kubernetes",
+    ]
+    return shlex.join(argv)
+
+
+def owner_reference(run: str, uid: str) -> dict[str, Any]:
+    """The TrainingRun as controlling owner: deleting the run deletes its RayJobs (not the PVC)."""
+    return {
+        "apiVersion": model.API_VERSION,
+        "kind": model.KIND,
+        "name": run,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _resources(resources: model.Resources | None) -> dict[str, Any]:
+    return resources.wire() if resources is not None else {}
+
+
+def _pod_template(
+    spec: model.TrainingRunSpec,
+    labels: dict[str, str],
+    container: str,
+    group: model.RayGroup | model.WorkerGroup,
+    service_account: str | None,
+) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "containers": [
+            {
+                "name": container,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "resources": _resources(group.resources),
+                "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT}],
+            }
+        ],
+        "volumes": [
+            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc.claim_name}}
+        ],
+    }
+    if service_account is not None:
+        pod["serviceAccountName"] = service_account
+    else:
+        pod["automountServiceAccountToken"] = False  # workers never talk to the API server
+    if group.node_selector:
+        pod["nodeSelector"] = dict(group.node_selector)
+    if group.tolerations:
+        pod["tolerations"] = [t.wire() for t in group.tolerations]
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def build_rayjob(
+    run: str, namespace: str, uid: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec
+) -> dict[str, Any]:
+    """The RayJob for attempt `attempt` of TrainingRun `run` (uid `uid`), resuming from `resume`."""
+    labels = naming.attempt_labels(run, attempt)
+    head = spec.ray.head
+    head_params = {"dashboard-host": "0.0.0.0", **(head.ray_start_params or {})}
+    cluster: dict[str, Any] = {
+        "rayVersion": spec.ray.ray_version,
+        "headGroupSpec": {
+            "rayStartParams": head_params,
+            "template": _pod_template(spec, labels, CONTAINER_HEAD, head, naming.identity_name(run)),
+        },
+    }
+    workers = [
+        {
+            "groupName": group.name,
+            "replicas": group.replicas,
+            "minReplicas": group.replicas,
+            "maxReplicas": group.replicas,
+            "rayStartParams": dict(group.ray_start_params or {}),
+            "template": _pod_template(spec, labels, CONTAINER_WORKER, group, None),
+        }
+        for group in spec.ray.workers or []
+    ]
+    if workers:
+        cluster["workerGroupSpecs"] = workers
+    return {
+        "apiVersion": RAYJOB_API_VERSION,
+        "kind": "RayJob",
+        "metadata": {
+            "name": naming.rayjob_name(run, attempt),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(run, uid)],
+        },
+        "spec": {
+            "entrypoint": entrypoint(run, namespace, attempt, resume, spec),
+            "submissionMode": "HTTPMode",
+            "backoffLimit": 0,
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": cluster,
+        },
+    }
