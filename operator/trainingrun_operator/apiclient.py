@@ -1,0 +1,215 @@
+"""Every Kubernetes API call the operator makes, in one place. Called only by `handlers.py`.
+
+The official `kubernetes` client is synchronous; each call runs in a worker thread (`asyncio.to_thread`) so
+the kopf event loop never blocks. Errors are mapped to the operator's vocabulary (`errors.ApiError`, with the
+HTTP status) here and nowhere else. What the operator may call is exactly what the chart's ClusterRole
+grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import logging
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+from kubernetes.client.exceptions import ApiException
+
+from trainingrun_operator import errors, model, naming
+
+__all__ = ["Api", "load_configuration"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RAY_GROUP, RAY_VERSION, RAYJOBS = "ray.io", "v1", "rayjobs"
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig is None:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return configuration
+        except kubernetes.config.ConfigException:
+            pass
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context, client_configuration=configuration
+    )
+    return configuration
+
+
+def _status(exc: ApiException) -> int:
+    return int(exc.status or 0)
+
+
+class Api:
+    """The operator's API calls. One instance per operator process (shared by all handlers)."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
+        self.configuration = configuration
+        self._client = kubernetes.client.ApiClient(configuration)
+        self._custom = kubernetes.client.CustomObjectsApi(self._client)
+        self._core = kubernetes.client.CoreV1Api(self._client)
+        self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
+
+    def close(self) -> None:
+        self._client.close()  # type: ignore[no-untyped-call]
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+        except ApiException as exc:
+            raise errors.ApiError(f"{what}: {exc.status} {exc.reason}: {exc.body!s:.300}", _status(exc)) from exc
+        except (OSError, TimeoutError) as exc:  # connection refused, reset, timeouts
+            raise errors.ApiError(f"{what}: {exc}") from exc
+
+    # --------------------------------------------------------------------------------- TrainingRuns
+
+    async def get_trainingrun(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The TrainingRun, or None if it is gone."""
+        try:
+            obj = await self._call(
+                f"get trainingrun {namespace}/{name}",
+                self._custom.get_namespaced_custom_object,
+                model.GROUP, model.VERSION, namespace, model.PLURAL, name,
+            )
+        except errors.ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(typing.cast(Mapping[str, Any], obj))
+
+    async def patch_trainingrun_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch on the status subresource (operator-owned fields only; never status.runtime)."""
+        await self._call(
+            f"patch trainingrun {namespace}/{name} status",
+            self._custom.patch_namespaced_custom_object_status,
+            model.GROUP, model.VERSION, namespace, model.PLURAL, name, {"status": dict(patch)},
+            _content_type="application/merge-patch+json",
+        )
+
+    # ------------------------------------------------------------------------------------ RayJobs
+
+    async def list_rayjobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        """Every RayJob of `run` (by label), any attempt."""
+        result = await self._call(
+            f"list rayjobs of {namespace}/{run}",
+            self._custom.list_namespaced_custom_object,
+            RAY_GROUP, RAY_VERSION, namespace, RAYJOBS, label_selector=f"{naming.LABEL_RUN}={run}",
+        )
+        return list(typing.cast(Mapping[str, Any], result).get("items", []))
+
+    async def create_rayjob(self, body: Mapping[str, Any]) -> bool:
+        """Create a RayJob; False if it already exists (409: adopt it, never a duplicate)."""
+        meta = body["metadata"]
+        return await self._create(
+            f"create rayjob {meta['namespace']}/{meta['name']}",
+            self._custom.create_namespaced_custom_object,
+            RAY_GROUP, RAY_VERSION, meta["namespace"], RAYJOBS, dict(body),
+        )
+
+    async def delete_rayjob(self, namespace: str, name: str) -> bool:
+        """Delete a RayJob and (in the background) its Ray cluster and pods; False if already gone."""
+        try:
+            await self._call(
+                f"delete rayjob {namespace}/{name}",
+                self._custom.delete_namespaced_custom_object,
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOBS, name, propagation_policy="Background",
+            )
+        except errors.ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # ---------------------------------------------------------------------------- pods and nodes
+
+    async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        """Every pod of `run`'s Ray clusters (the RayJob pod templates carry the run label)."""
+        result = await self._call(
+            f"list pods of {namespace}/{run}",
+            self._core.list_namespaced_pod, namespace, label_selector=f"{naming.LABEL_RUN}={run}",
+        )
+        return [self._client.sanitize_for_serialization(p) for p in result.items]  # type: ignore[no-untyped-call]
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        """A node, or None if it is gone."""
+        try:
+            node = await self._call(f"get node {name}", self._core.read_node, name)
+        except errors.ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(self._client.sanitize_for_serialization(node))  # type: ignore[no-untyped-call]
+
+    # --------------------------------------------------------------------------- driver identity
+
+    async def create_service_account(self, body: Mapping[str, Any]) -> bool:
+        meta = body["metadata"]
+        return await self._create(
+            f"create serviceaccount {meta['namespace']}/{meta['name']}",
+            self._core.create_namespaced_service_account, meta["namespace"], dict(body),
+        )
+
+    async def create_role(self, body: Mapping[str, Any]) -> bool:
+        meta = body["metadata"]
+        return await self._create(
+            f"create role {meta['namespace']}/{meta['name']}",
+            self._rbac.create_namespaced_role, meta["namespace"], dict(body),
+        )
+
+    async def create_role_binding(self, body: Mapping[str, Any]) -> bool:
+        meta = body["metadata"]
+        return await self._create(
+            f"create rolebinding {meta['namespace']}/{meta['name']}",
+            self._rbac.create_namespaced_role_binding, meta["namespace"], dict(body),
+        )
+
+    async def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
+        try:
+            await self._call(what, fn, *args)
+        except errors.ApiError as exc:
+            if exc.status == 409:
+                logger.debug("%s: exists, adopting", what)
+                return False
+            raise
+        return True
+
+    # ------------------------------------------------------------------------------------ events
+
+    async def post_event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the TrainingRun (what `kubectl describe trun` shows)."""
+        meta = run["metadata"]
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": model.API_VERSION,
+                "kind": model.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": naming.MANAGED_BY},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+            "reportingComponent": naming.MANAGED_BY,
+        }
+        await self._call(
+            f"post event {reason} on {meta['namespace']}/{meta['name']}",
+            self._core.create_namespaced_event, meta["namespace"], body,
+        )

@@ -1,0 +1,99 @@
+"""The `trainingrun` command.
+
+    trainingrun operator [--namespace NS ...] [--liveness URL] [--peering NAME] [--kubeconfig FILE]
+        the operator (kopf), as the chart's Deployment runs it
+
+kopf and the Kubernetes client are imported only by `trainingrun operator`, so local mode needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainingrun_operator import apiclient
+
+__all__ = ["main", "operate"]
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+async def operate(
+    api: apiclient.Api,
+    *,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    peering: str | None = None,
+    priority: int = 0,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    resync_seconds: float | None = None,
+) -> None:
+    """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this)."""
+    import kopf
+
+    from trainingrun_operator import handlers
+
+    memo = handlers.Memo(api=api)
+    if resync_seconds is not None:
+        memo.resync_seconds = resync_seconds
+    await kopf.operator(
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=liveness,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        memo=memo,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def _operator_command(args: argparse.Namespace) -> int:
+    from trainingrun_operator import apiclient
+
+    namespaces = list(args.namespace or [])
+    if not namespaces and os.environ.get("WATCH_NAMESPACES"):
+        namespaces = [ns.strip() for ns in os.environ["WATCH_NAMESPACES"].split(",") if ns.strip()]
+    api = apiclient.Api(apiclient.load_configuration(args.kubeconfig, args.context))
+    try:
+        asyncio.run(operate(api, namespaces=namespaces, liveness=args.liveness, peering=args.peering, priority=args.priority))
+    finally:
+        api.close()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainingrun", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING (env LOG_LEVEL)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    op = sub.add_parser("operator", help="run the Kubernetes operator")
+    op.add_argument("--namespace", "-n", action="append", help="watch only this namespace (repeatable; env WATCH_NAMESPACES)")
+    op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    op.add_argument("--peering", default=None, help="kopf peering name: one active replica among those sharing it")
+    op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    op.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
+    op.add_argument("--context", default=None)
+    op.set_defaults(func=_operator_command)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format=LOG_FORMAT, stream=sys.stderr)
+    result: Any = args.func(args)
+    return int(result)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

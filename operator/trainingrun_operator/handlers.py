@@ -1,0 +1,146 @@
+"""kopf handlers: every trigger of the operator, and the only module that imports kopf.
+
+Each handler is thin: it gathers, calls the kopf-free `reconciler` (which calls the pure `decision`), and maps
+our errors onto kopf's. Triggers:
+
+    startup             settings: our finalizer and annotation prefix, no kopf events, watch timeouts
+    login               credentials from the same Configuration the API calls use (memo.api)
+    probe               liveness: how many runs are supervised
+    daemon  TrainingRun one supervisor coroutine per run: reconcile, then wait for a wake-up or the requeue
+    event   TrainingRun wake the run (spec edits, the driver's status.runtime reports)
+    event   RayJob      wake the run named by the RayJob's label (KubeRay status changes)
+    event   Pod         wake the run named by the pod's label (head lost, evicted, DisruptionTarget, ...)
+    event   Node        a node NotReady or deleted: wake every run (their pods may sit on it)
+    delete  TrainingRun delete the run's RayJobs, keep the checkpoints, then kopf drops our finalizer
+
+The objects handlers share live in kopf's memo (`Memo`): the Api and the wake-up signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import kopf
+
+from trainingrun_operator import apiclient, errors, model, naming, reconciler, wakeups
+
+__all__ = ["FINALIZER", "PREFIX", "Memo"]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "trainingrun.dev"
+FINALIZER = f"{PREFIX}/finalizer"
+RESYNC_SECONDS = 120.0  # a pass even without events: a safety net, not the mechanism
+MAX_ERROR_DELAY = 60.0
+
+
+@dataclasses.dataclass
+class Memo:
+    """What every handler shares (passed to kopf as `memo`)."""
+
+    api: apiclient.Api
+    wakeups: wakeups.Wakeups = dataclasses.field(default_factory=wakeups.Wakeups)
+    clock: reconciler.Clock = reconciler.utc_now
+    resync_seconds: float = RESYNC_SECONDS
+
+
+def _memo(memo: Any) -> Memo:
+    assert isinstance(memo, Memo), "run the operator through cli.operate(), which passes a handlers.Memo"
+    return memo
+
+
+def _ns(namespace: str | None) -> str:
+    return namespace or "default"
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False  # our own events, with our reasons, come from reconciler.py
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+
+
+@kopf.on.login()
+def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    config = _memo(memo).api.configuration
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _sep, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        scheme=scheme or ("Bearer" if token else None),
+        token=token or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+        username=config.username or None,
+        password=config.password or None,
+    )
+
+
+@kopf.on.probe(id="supervised_runs")
+def supervised_runs(memo: Any, **_: Any) -> int:
+    return len(_memo(memo).wakeups)
+
+
+@kopf.daemon(model.GROUP, model.VERSION, model.PLURAL, cancellation_timeout=10.0)
+async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Reconcile this run whenever woken, or when the last pass asked to be called back."""
+    memo, namespace = _memo(memo), _ns(namespace)
+    wake = memo.wakeups.event(namespace, name)
+    failures = 0
+    while not stopped:
+        wake.clear()
+        try:
+            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock)
+            failures = 0
+        except asyncio.CancelledError:
+            raise
+        except errors.OperatorError as exc:
+            failures += 1
+            requeue = min(MAX_ERROR_DELAY, 0.5 * 2**failures) if exc.retryable else MAX_ERROR_DELAY
+            logger.warning("%s/%s: reconcile failed (%s), retrying in %.1fs", namespace, name, exc, requeue)
+        await wakeups.wait_any(wake.wait(), stopped.wait(), timeout=requeue if requeue is not None else memo.resync_seconds)
+
+
+@kopf.on.event(model.GROUP, model.VERSION, model.PLURAL)
+def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    _memo(memo).wakeups.wake(_ns(namespace), name)
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs", labels={naming.LABEL_RUN: kopf.PRESENT})
+def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+    _memo(memo).wakeups.wake(_ns(namespace), labels[naming.LABEL_RUN])
+
+
+@kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT})
+def pod_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+    _memo(memo).wakeups.wake(_ns(namespace), labels[naming.LABEL_RUN])
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_changed(type: str, status: kopf.Status, memo: Any, **_: Any) -> None:
+    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if type == "DELETED" or ready != "True":
+        _memo(memo).wakeups.wake_all()
+
+
+@kopf.on.delete(model.GROUP, model.VERSION, model.PLURAL)
+async def cleanup(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """Delete the run's RayJobs; the checkpoint PVC is not the run's, so it stays."""
+    memo, namespace = _memo(memo), _ns(namespace)
+    try:
+        deleted = await reconciler.finalize(memo.api, namespace, name)
+    except errors.ApiError as exc:
+        raise kopf.TemporaryError(str(exc), delay=5) from exc
+    memo.wakeups.forget(namespace, name)
+    logger.info("%s/%s deleted; removed RayJobs %s, kept checkpoints", namespace, name, deleted or "none")
