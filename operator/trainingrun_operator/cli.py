@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +91,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), format=LOG_FORMAT, stream=sys.stderr)
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    if level > logging.DEBUG:
+        # kopf reports every event handler's success at INFO, aiohttp every liveness probe: noise.
+        for chatty in ("kopf.objects", "aiohttp.access", "kopf.activities.probe"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+    warnings.filterwarnings("once", message="Unverified HTTPS request")
     result: Any = args.func(args)
     return int(result)
 

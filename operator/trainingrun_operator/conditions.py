@@ -19,6 +19,7 @@ CONDITION_TYPES = ("Running", "CheckpointAvailable", "Succeeded", "Failed", "Sus
 def _set(
     old: dict[str, model.Condition], kind: str, true: bool, reason: str, message: str, now: str, generation: int
 ) -> model.Condition:
+    """A condition; a False one says only which phase the run is in, not the run's reason."""
     status: Literal["True", "False"] = "True" if true else "False"
     before = old.get(kind)
     changed = before is None or before.status != status
@@ -44,14 +45,20 @@ def derive(
     """All five conditions for a run in `phase` with newest checkpoint `latest`."""
     old = {c.type: c for c in previous or []}
     why = reason or phase.value
+
+    def state(kind: str, true: bool) -> model.Condition:
+        if true:
+            return _set(old, kind, True, why, message, now, generation)
+        return _set(old, kind, False, phase.value, f"the run is {phase.value}", now, generation)
+
     ckpt_message = f"step {latest.step} at {latest.path}" if latest else "no checkpoint recorded yet"
     return [
-        _set(old, "Running", phase is Phase.RUNNING, why, message, now, generation),
+        state("Running", phase is Phase.RUNNING),
         _set(
             old, "CheckpointAvailable", latest is not None,
             "CheckpointRecorded" if latest else "NoCheckpoint", ckpt_message, now, generation,
         ),
-        _set(old, "Succeeded", phase is Phase.SUCCEEDED, why, message, now, generation),
-        _set(old, "Failed", phase is Phase.FAILED, why, message, now, generation),
-        _set(old, "Suspended", phase is Phase.SUSPENDED, why, message, now, generation),
+        state("Succeeded", phase is Phase.SUCCEEDED),
+        state("Failed", phase is Phase.FAILED),
+        state("Suspended", phase is Phase.SUSPENDED),
     ]

@@ -236,6 +236,7 @@ class _Pass:
             ),
             next_attempt_time=None,
             start_time=self.status.start_time or self.now,
+            restarts=self.status.restarts or model.RestartCounts(),
         )
         self.actions += [EnsureIdentity(identity), CreateAttempt(number, name, resume)]
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
