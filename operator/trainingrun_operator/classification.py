@@ -5,8 +5,8 @@ the first that matches decides (a disrupted pod explains a failed job, so disrup
 job's own verdict):
 
 1. the driver reported a restore error for this attempt           -> FailedRestore
-2. any pod of the attempt has DisruptionTarget, was Evicted or
-   Preempted, or sits on a node that is gone or NotReady          -> Preempted
+2. any pod of the attempt has (or, now gone, was last seen with) DisruptionTarget,
+   was Evicted or Preempted, or sits on a node that is gone or NotReady -> Preempted
 3. the RayJob was suspended by someone else (a Kueue-style queue)
    after the attempt was running                                  -> Preempted
 4. the driver's exit code is known (local mode, or parsed from
@@ -26,7 +26,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from trainingrun_operator.observation import AttemptObservation, PodObservation, exit_code_from_message
+from trainingrun_operator.observation import (
+    EVICTION_REASONS,
+    AttemptObservation,
+    PodObservation,
+    exit_code_from_message,
+)
 
 __all__ = ["FailureClass", "Outcome", "classify"]
 
@@ -34,7 +39,6 @@ EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 RESTORE_FAILED_PREFIX = "RestoreFailed:"
 
-_EVICTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Terminated", "NodeShutdown"})
 _IMAGE_ERRORS = frozenset(
     {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError"}
 )
@@ -68,7 +72,7 @@ SUCCESS = Outcome(failure=None, detail="the driver finished")
 def _disruption(pod: PodObservation) -> str:
     if pod.disruption:
         return f"pod {pod.name} has DisruptionTarget ({pod.disruption})"
-    if pod.reason in _EVICTION_REASONS:
+    if pod.reason in EVICTION_REASONS:
         return f"pod {pod.name} was {pod.reason}"
     if pod.node_gone:
         return f"node {pod.node_name} of pod {pod.name} is gone"
@@ -132,7 +136,7 @@ def classify(obs: AttemptObservation, *, running: bool, restore_error: str | Non
     """
     if restore_error:
         return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {restore_error}")
-    for pod in obs.pods:
+    for pod in (*obs.pods, *obs.departed):
         why = _disruption(pod)
         if why:
             return Outcome(FailureClass.PREEMPTED, why)

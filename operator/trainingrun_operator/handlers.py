@@ -9,7 +9,7 @@ our errors onto kopf's. Triggers:
     daemon  TrainingRun one supervisor coroutine per run: reconcile, then wait for a wake-up or the requeue
     event   TrainingRun wake the run (spec edits, the driver's status.runtime reports)
     event   RayJob      wake the run named by the RayJob's label (KubeRay status changes)
-    event   Pod         wake the run named by the pod's label (head lost, evicted, DisruptionTarget, ...)
+    event   Pod         remember a disrupted pod (departures.py), wake the run named by the pod's label
     event   Node        a node NotReady or deleted: wake every run (their pods may sit on it)
     delete  TrainingRun delete the run's RayJobs, keep the checkpoints, then kopf drops our finalizer
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from trainingrun_operator import apiclient, errors, model, naming, reconciler, wakeups
+from trainingrun_operator import apiclient, departures, errors, model, naming, observation, reconciler, wakeups
 
 __all__ = ["FINALIZER", "PREFIX", "Memo"]
 
@@ -43,6 +43,7 @@ class Memo:
 
     api: apiclient.Api
     wakeups: wakeups.Wakeups = dataclasses.field(default_factory=wakeups.Wakeups)
+    departures: departures.Departures = dataclasses.field(default_factory=departures.Departures)
     clock: reconciler.Clock = reconciler.utc_now
     resync_seconds: float = RESYNC_SECONDS
 
@@ -101,7 +102,7 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
     while not stopped:
         wake.clear()
         try:
-            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock)
+            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock, memo.departures)
             failures = 0
         except asyncio.CancelledError:
             raise
@@ -123,8 +124,11 @@ def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: A
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT})
-def pod_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
-    _memo(memo).wakeups.wake(_ns(namespace), labels[naming.LABEL_RUN])
+def pod_changed(labels: kopf.Labels, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo, namespace, run = _memo(memo), _ns(namespace), labels[naming.LABEL_RUN]
+    seen = observation.pod_observation(body, None)
+    memo.departures.record(namespace, run, labels.get(naming.LABEL_ATTEMPT, ""), seen)
+    memo.wakeups.wake(namespace, run)
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -143,4 +147,5 @@ async def cleanup(name: str, namespace: str | None, memo: Any, **_: Any) -> None
     except errors.ApiError as exc:
         raise kopf.TemporaryError(str(exc), delay=5) from exc
     memo.wakeups.forget(namespace, name)
+    memo.departures.forget(namespace, name)
     logger.info("%s/%s deleted; removed RayJobs %s, kept checkpoints", namespace, name, deleted or "none")

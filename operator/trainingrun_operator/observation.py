@@ -14,13 +14,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "EVICTION_REASONS",
     "AttemptObservation",
     "PodObservation",
     "RayJobObservation",
+    "disrupted",
     "exit_code_from_message",
     "pod_observation",
     "rayjob_observation",
 ]
+
+EVICTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Terminated", "NodeShutdown"})
+"""pod.status.reason values that mean the platform, not the program, ended the pod."""
 
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 
@@ -70,6 +75,7 @@ class AttemptObservation:
     pods: tuple[PodObservation, ...] = ()
     other_rayjobs: tuple[str, ...] = ()  # this run's RayJobs of other attempts (to delete)
     other_pods: int = 0  # this run's pods of other attempts (a new attempt waits until 0)
+    departed: tuple[PodObservation, ...] = ()  # pods of this attempt last seen disrupted, now gone (watch memory)
     exit_code: int | None = None  # the driver's exit code, when known (local mode; parsed from KubeRay's message)
     progress_step: int | None = None  # newest training step seen, when known beyond status.runtime
     stderr_tail: str = ""
@@ -117,13 +123,16 @@ def node_ready(node: Mapping[str, Any] | None) -> bool | None:
     return None
 
 
-def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> PodObservation:
-    """Build a PodObservation from a raw pod and the nodes known by name (a missing node is `node_gone`)."""
+def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]] | None) -> PodObservation:
+    """Build a PodObservation from a raw pod and the nodes known by name (a missing node is `node_gone`).
+
+    `nodes=None`: node health unknown (a watch event seen without looking nodes up).
+    """
     meta = pod.get("metadata", {})
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     node_name = str(spec.get("nodeName") or "")
-    node = nodes.get(node_name) if node_name else None
+    node = nodes.get(node_name) if node_name and nodes is not None else None
     exit_code: int | None = None
     termination_reason = ""
     waiting_reason = ""
@@ -146,8 +155,13 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
         node_name=node_name,
         node_ready=node_ready(node),
-        node_gone=bool(node_name) and node is None,
+        node_gone=bool(node_name) and nodes is not None and node is None,
         exit_code=exit_code,
         termination_reason=termination_reason,
         waiting_reason=waiting_reason,
     )
+
+
+def disrupted(pod: PodObservation) -> bool:
+    """The pod shows a platform-side cause of its end (DisruptionTarget, Evicted, Preempting, ...)."""
+    return bool(pod.disruption) or pod.reason in EVICTION_REASONS

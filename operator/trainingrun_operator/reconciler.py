@@ -23,7 +23,7 @@ from typing import Any
 
 import pydantic
 
-from trainingrun_operator import apiclient, decision, errors, identity, model, naming, observation, rayjob
+from trainingrun_operator import apiclient, decision, departures, errors, identity, model, naming, observation, rayjob
 
 __all__ = ["Clock", "finalize", "observe", "reconcile", "utc_now"]
 
@@ -39,7 +39,13 @@ def _attempt_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata", {}).get("labels") or {}).get(naming.LABEL_ATTEMPT, ""))
 
 
-async def observe(api: apiclient.Api, namespace: str, run: str, status: model.TrainingRunStatus) -> observation.AttemptObservation:
+async def observe(
+    api: apiclient.Api,
+    namespace: str,
+    run: str,
+    status: model.TrainingRunStatus,
+    memory: departures.Departures | None = None,
+) -> observation.AttemptObservation:
     """What the cluster shows about the run's current attempt (and leftovers of others)."""
     jobs = await api.list_rayjobs(namespace, run)
     pods = await api.list_pods(namespace, run)
@@ -63,6 +69,7 @@ async def observe(api: apiclient.Api, namespace: str, run: str, status: model.Tr
             if j["metadata"]["name"] != job_name and not j["metadata"].get("deletionTimestamp")
         ),
         other_pods=len(pods) - len(mine),
+        departed=memory.of_attempt(namespace, run, number, {p["metadata"]["name"] for p in mine}) if memory else (),
     )
 
 
@@ -102,7 +109,13 @@ async def _event(api: apiclient.Api, obj: Mapping[str, Any], kind: str, reason: 
         logger.warning("could not post event %s: %s", reason, exc)
 
 
-async def reconcile(api: apiclient.Api, namespace: str, name: str, clock: Clock = utc_now) -> float | None:
+async def reconcile(
+    api: apiclient.Api,
+    namespace: str,
+    name: str,
+    clock: Clock = utc_now,
+    memory: departures.Departures | None = None,
+) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events)."""
     obj = await api.get_trainingrun(namespace, name)
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
@@ -118,7 +131,7 @@ async def reconcile(api: apiclient.Api, namespace: str, name: str, clock: Clock 
             await _event(api, obj, "Warning", "InvalidSpec", message)
         return None
     status = run.status or model.TrainingRunStatus()
-    observed = await observe(api, namespace, name, status)
+    observed = await observe(api, namespace, name, status, memory)
     result = decision.decide(
         decision.Inputs(
             run=name,
