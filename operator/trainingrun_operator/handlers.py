@@ -65,6 +65,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.posting.enabled = False  # our own events, with our reasons, come from reconciler.py
+    # No cluster-wide scanning of namespaces and CRDs: it would need list/watch on both (least privilege). The
+    # price: a CRD installed after start-up (e.g. KubeRay's) is served after the next operator restart.
+    settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
