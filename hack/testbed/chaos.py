@@ -1,0 +1,164 @@
+"""Chaos controls for the full-loop tests: the ways a cluster takes a Ray pod (or our operator) away.
+
+Who calls it: tests/e2e (the journey, repeated preemption, zombie and operator-kill tests) and the pod-runner
+tests. It is a TEST COMPONENT. Each control does what the real cause does to the API objects, and the pod runner
+(`podrunner.PodRunner`, playing the kubelet) does what it does to the processes:
+
+    evict(...)                 the Eviction API (what `kubectl drain` and the node-pressure path use)
+    disrupt_and_delete(...)    a DisruptionTarget condition, then a delete (what the scheduler's preemption and
+                               the taint manager do)
+    fail_node(...)             the node's kubelet stops (its kwok process), the node turns NotReady, and every
+                               process of its pods is SIGKILLed (the machine is gone)
+    kill_driver(...)           SIGKILL to the Ray job's driver process only; the pod and Ray stay up
+    partition(...)             the pod is force-deleted but its processes keep running (a zombie attempt)
+    kill_process(...)          SIGKILL a whole process group (our operator)
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import controlplane  # noqa: E402
+import podrunner  # noqa: E402
+
+
+class ChaosError(RuntimeError):
+    """A chaos control could not act (nothing to kill, the API refused); the message says what was missing."""
+
+
+def pods(plane: controlplane.ControlPlane, namespace: str, selector: str) -> list[dict[str, Any]]:
+    status, body = plane.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+    if status != 200:
+        raise ChaosError(f"listing pods {selector} in {namespace}: {status} {body}")
+    return list(body.get("items") or [])
+
+
+def head_pod(plane: controlplane.ControlPlane, namespace: str, selector: str = "") -> dict[str, Any]:
+    """The one live head pod matching `selector` (labels, comma-separated) in `namespace`."""
+    query = ",".join(filter(None, ["ray.io/node-type=head", selector]))
+    live = [p for p in pods(plane, namespace, query) if not p["metadata"].get("deletionTimestamp")]
+    if len(live) != 1:
+        raise ChaosError(f"expected one live head pod for {query!r} in {namespace}, found "
+                         f"{[p['metadata']['name'] for p in live]}")
+    return live[0]
+
+
+def evict(plane: controlplane.ControlPlane, namespace: str, pod: str) -> None:
+    """Evicts `pod` through the Eviction API (policy/v1); raises unless the API server accepted it (201)."""
+    status, body = plane.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", {
+        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}})
+    if status != 201:
+        raise ChaosError(f"eviction of {namespace}/{pod} returned {status}: {body}")
+
+
+def disrupt_and_delete(plane: controlplane.ControlPlane, namespace: str, pod: str,
+                       reason: str = "PreemptionByScheduler",
+                       message: str = "testbed chaos: preempted to make room for a higher-priority pod") -> None:
+    """Sets the pod's DisruptionTarget condition (as the scheduler does before a preemption), then deletes it."""
+    now = podrunner.now_rfc3339()
+    status, body = plane.request(
+        "PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
+        {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason,
+                                    "message": message, "lastTransitionTime": now}]}},
+        content_type="application/strategic-merge-patch+json")
+    if status != 200:
+        raise ChaosError(f"setting DisruptionTarget on {namespace}/{pod} returned {status}: {body}")
+    status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    if status not in (200, 202):
+        raise ChaosError(f"deleting {namespace}/{pod} returned {status}: {body}")
+
+
+def fail_node(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str,
+              kubelet: controlplane.Process) -> list[podrunner.LocalPod]:
+    """The node dies: its kubelet (a kwok process that manages only this node) stops, every process of its pods
+    is SIGKILLed, and its Ready condition turns Unknown at once (the node lifecycle controller would do the same
+    after its grace period, and then taints the node and marks its pods not Ready). Returns the pods killed."""
+    kubelet.stop(timeout=5)
+    killed = runner.kill_node(node)
+    now = podrunner.now_rfc3339()
+    status, body = plane.request(
+        "PATCH", f"/api/v1/nodes/{node}/status",
+        {"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                                    "message": "testbed chaos: kubelet stopped posting node status",
+                                    "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        content_type="application/strategic-merge-patch+json")
+    if status != 200:
+        raise ChaosError(f"marking node {node} NotReady returned {status}: {body}")
+    return killed
+
+
+def driver_processes(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: str) -> list[int]:
+    """Processes of `pod` whose command line contains `pattern` (the Ray job driver, started by Ray's job
+    supervisor inside the head pod)."""
+    local = runner.find(namespace, pod)
+    if local is None:
+        raise ChaosError(f"the pod runner does not play {namespace}/{pod}")
+    found = []
+    for pid in podrunner.pod_processes(local.uid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pattern in cmdline and "/bin/sh" not in cmdline.split(" ", 1)[0]:
+            found.append(pid)
+    return found
+
+
+def kill_driver(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: str = "trainingrun_runtime",
+                timeout: float = 60.0) -> list[int]:
+    """SIGKILLs the driver process(es) in `pod` (waiting up to `timeout` for one to exist); Ray and the pod stay."""
+    deadline = time.monotonic() + timeout
+    while not (pids := driver_processes(runner, namespace, pod, pattern)):
+        if time.monotonic() > deadline:
+            raise ChaosError(f"no process matching {pattern!r} in {namespace}/{pod} after {timeout:.0f}s")
+        time.sleep(0.2)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, namespace: str,
+              pod: str) -> podrunner.LocalPod:
+    """The pod's node is cut off: the API object is force-deleted (as after a node loss), but its processes keep
+    running: a zombie. Returns the runner's record, whose processes `runner.stop()` (or `end_zombie`) kills."""
+    local = runner.find(namespace, pod)
+    if local is None:
+        raise ChaosError(f"the pod runner does not play {namespace}/{pod}")
+    runner.detach(local.uid)
+    status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}",
+                                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    if status not in (200, 202, 404):
+        raise ChaosError(f"force-deleting {namespace}/{pod} returned {status}: {body}")
+    return local
+
+
+def end_zombie(local: podrunner.LocalPod) -> None:
+    """SIGKILLs what `partition` left running."""
+    pgid = local.process.pid if local.process is not None else None
+    for _ in range(50):
+        if not podrunner.signal_pod(local.uid, pgid, signal.SIGKILL) and not podrunner.pod_processes(local.uid):
+            return
+        time.sleep(0.1)
+
+
+def kill_process(popen: subprocess.Popen[Any]) -> int:
+    """SIGKILLs a process and its process group (our operator, started in its own session); returns its pid."""
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    popen.wait(10)
+    return popen.pid

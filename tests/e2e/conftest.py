@@ -1,0 +1,178 @@
+"""Full-loop fixtures: the real KubeRay operator, the pod runner and proxy, and our operator as its own process.
+
+    control_plane (tests/conftest.py: etcd, kube-apiserver, controller manager, scheduler, kwok)
+      └── full_loop (session): forward proxy + pod runner (plays the kubelet for Ray pods) + KubeRay operator
+            (its own ServiceAccount and ClusterRole from its module's config/rbac; HTTP_PROXY = the proxy)
+      └── trainingrun_operator (session): `trainingrun operator` in its own process group, authenticated as the
+            chart's ServiceAccount (RBAC rendered from charts/trainingrun by helm, applied as is)
+
+Each test gets a fresh namespace (`namespace`, tests/conftest.py). On failure, the fixtures print what the pod
+runner saw, the KubeRay log tail and our operator's log tail.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+import chaos
+import controlplane
+import podrunner
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "trainingrun"
+OPERATOR_NAMESPACE = "trainingrun-system"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[podrunner.FullLoopBed]:
+    with podrunner.FullLoopBed.running(control_plane) as bed:
+        yield bed
+
+
+@dataclass(eq=False)
+class OperatorProcess:
+    """`trainingrun operator` as the chart runs it, but as a local process with the chart's identity."""
+
+    plane: controlplane.ControlPlane
+    kubeconfig: Path
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    starts: int = field(default=0, init=False)
+
+    def start(self) -> OperatorProcess:
+        env = {"PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin", "HOME": str(self.plane.workdir),
+               "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"}
+        liveness = f"http://127.0.0.1:{controlplane.free_port()}/healthz"
+        with open(self.log_path, "ab") as log_file:
+            log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
+            log_file.flush()
+            self.popen = subprocess.Popen(
+                [str(podrunner.VENV_BIN / "trainingrun"), "operator", "--kubeconfig", str(self.kubeconfig),
+                 "--liveness", liveness],
+                env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.plane.workdir,
+                start_new_session=True)
+        self.starts += 1
+        return self
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> int:
+        """SIGKILL, as a node or the OOM killer would; returns the pid."""
+        assert self.popen is not None
+        return chaos.kill_process(self.popen)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.popen is not None
+            self.popen.terminate()
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                chaos.kill_process(self.popen)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
+    """Renders charts/trainingrun with helm and applies its RBAC objects (not the Deployment: the operator runs
+    here as a local process). Returns the operator's ServiceAccount name."""
+    rendered = subprocess.run(
+        [str(plane.binaries.path("helm")), "template", "trainingrun", str(CHART), "--namespace", namespace],
+        capture_output=True, text=True, timeout=120)
+    if rendered.returncode != 0:
+        pytest.fail(f"helm template {CHART} failed: {rendered.stderr}", pytrace=False)
+    objects = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc and doc.get("kind") in RBAC_KINDS]
+    accounts = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    if len(accounts) != 1:
+        pytest.fail(f"expected one ServiceAccount in the chart, found {accounts}", pytrace=False)
+    for obj in objects:
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
+            obj["metadata"].setdefault("namespace", namespace)
+    plane.kubectl("create", "namespace", namespace, check=False)
+    plane.kubectl("apply", "--server-side", "--field-manager=trainingrun-e2e", "-f", "-",
+                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return str(accounts[0])
+
+
+@pytest.fixture(scope="session")
+def trainingrun_operator(control_plane: controlplane.ControlPlane,
+                         full_loop: podrunner.FullLoopBed) -> Iterator[OperatorProcess]:
+    account = install_chart_rbac(control_plane, OPERATOR_NAMESPACE)
+    kubeconfig = control_plane.service_account_kubeconfig(OPERATOR_NAMESPACE, account, expiration_seconds=6 * 3600)
+    process = OperatorProcess(control_plane, kubeconfig, control_plane.workdir / "trainingrun-operator.log").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def operator(trainingrun_operator: OperatorProcess) -> OperatorProcess:
+    """Our operator, alive at the start of the test (restarted if an earlier test killed it)."""
+    if not trainingrun_operator.alive():
+        trainingrun_operator.start()
+    return trainingrun_operator
+
+
+@dataclass(eq=False)
+class Loop:
+    """What a full-loop test works with: the cluster, the bed, our operator, and polling with diagnostics."""
+
+    plane: controlplane.ControlPlane
+    bed: podrunner.FullLoopBed
+    operator: OperatorProcess | None = None
+
+    def diagnostics(self) -> str:
+        ours = f"\n--- trainingrun operator log\n{self.operator.log_tail()}" if self.operator else ""
+        return f"{self.bed.describe()}{ours}"
+
+    def wait(self, probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:
+        """Polls until `probe()` is truthy and returns that value; fails naming `what`, with diagnostics."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}\n"
+                            f"{self.diagnostics()}", pytrace=False)
+            time.sleep(interval)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        status, body = self.plane.request("GET", path)
+        if status == 404:
+            return None
+        assert status == 200, f"GET {path}: {status} {body}"
+        return dict(body)
+
+    def apply(self, namespace: str, *objects: dict[str, Any]) -> None:
+        self.plane.kubectl("apply", "-n", namespace, "-f", "-",
+                           input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+@pytest.fixture
+def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+         operator: OperatorProcess) -> Loop:
+    return Loop(control_plane, full_loop, operator)
+
+
+@pytest.fixture
+def harness(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed) -> Loop:
+    """The bed without our operator (the KubeRay self-test does not need it)."""
+    return Loop(control_plane, full_loop)

@@ -1,0 +1,296 @@
+"""The pod runner plays the kubelet for Ray pods on kwok nodes: a local Ray per pod, with the pod's identity,
+volumes, readiness and routes, and every ending a kubelet sees. Real API server, real kwok, real Ray; the pods are
+written here the way KubeRay writes them (labels, the generated `ray start` command, its RAY_* variables), so these
+tests need no KubeRay (the KubeRay self-test is tests/e2e/test_full_loop_harness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+import chaos
+import controlplane
+import podrunner
+import proxy
+
+pytestmark = pytest.mark.cluster
+T = TypeVar("T")
+
+
+def wait_until(probe: Callable[[], T], *, timeout: float, what: str, bed: podrunner.PodRunner | None = None,
+               interval: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}"
+                        + (f"\n{bed.describe()}" if bed else ""))
+        time.sleep(interval)
+
+
+def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mount_path: str = "",
+            restart_policy: str = "Never", **spec: Any) -> dict[str, Any]:
+    """A pod shaped as KubeRay 1.5 builds it (labels, ports, KUBERAY_GEN_RAY_START_CMD and RAY_* variables)."""
+    start = (f"ray start --head --block --dashboard-host=0.0.0.0 --metrics-export-port=8080 --num-cpus=1"
+             if role == "head" else
+             f"ray start --address={cluster}-head-svc.ns.svc.cluster.local:6379 --block --num-cpus=1")
+    container: dict[str, Any] = {
+        "name": "ray-head" if role == "head" else "ray-worker", "image": "rayproject/ray:2.60.0",
+        "ports": [{"name": "gcs-server", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
+                  {"name": "client", "containerPort": 10001}] if role == "head" else [],
+        "env": [{"name": "KUBERAY_GEN_RAY_START_CMD", "value": start},
+                {"name": "RAY_ADDRESS", "value": "127.0.0.1:6379"}, {"name": "RAY_PORT", "value": "6379"},
+                {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"},
+                {"name": "RAY_CLUSTER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
+                {"name": "USER_SETTING", "value": "kept"},
+                {"name": "MY_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+    }
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster}},
+        "spec": {"restartPolicy": restart_policy, "terminationGracePeriodSeconds": 5, "containers": [container],
+                 "nodeSelector": {"type": "kwok"}, **spec},
+    }
+    if claim:
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": mount_path}]
+        body["spec"]["volumes"] = [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}]
+    return body
+
+
+def head_service(cluster: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{cluster}-head-svc"},
+            "spec": {"selector": {"ray.io/cluster": cluster, "ray.io/node-type": "head"},
+                     "ports": [{"name": "dashboard", "port": 8265, "targetPort": "dashboard"},
+                               {"name": "gcs-server", "port": 6379, "targetPort": 6379}]}}
+
+
+def apply(plane: controlplane.ControlPlane, namespace: str, *objects: dict[str, Any]) -> None:
+    plane.kubectl("apply", "-n", namespace, "-f", "-",
+                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+def get(plane: controlplane.ControlPlane, path: str) -> dict[str, Any] | None:
+    status, body = plane.request("GET", path)
+    return dict(body) if status == 200 else None
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def via_proxy(bed: proxy.ForwardProxy, url: str) -> tuple[int, bytes]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": bed.url}))
+    try:
+        with opener.open(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@pytest.fixture(scope="module")
+def bed(control_plane: controlplane.ControlPlane) -> Iterator[tuple[proxy.ForwardProxy, podrunner.PodRunner]]:
+    with proxy.ForwardProxy() as forward, podrunner.PodRunner.for_plane(control_plane, forward) as runner:
+        yield forward, runner
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+                ) -> Iterator[dict[str, Any]]:
+    """One head (mounting a PVC) and one worker, in a namespace of their own, shared by the tests below."""
+    forward, runner = bed
+    namespace = f"t-podrunner-{uuid.uuid4().hex[:5]}"
+    mount_path = f"/trun-testbed-{uuid.uuid4().hex[:6]}/checkpoints"
+    control_plane.kubectl("create", "namespace", namespace)
+    wait_until(lambda: get(control_plane, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), timeout=30,
+               what="the default ServiceAccount")
+    apply(control_plane, namespace,
+          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-sa"}},
+          {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
+           "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+          head_service("rc"),
+          ray_pod("rc-head", "rc", "head", claim="ckpt", mount_path=mount_path, serviceAccountName="ray-sa"))
+    head = wait_until(lambda: (p := runner.find(namespace, "rc-head")) and p.state == "ready" and p,
+                      timeout=180, what="the head pod's Ray to answer", bed=runner)
+    apply(control_plane, namespace, ray_pod("rc-worker", "rc", "worker"))
+    worker = wait_until(lambda: (p := runner.find(namespace, "rc-worker")) and p.state == "ready" and p,
+                        timeout=180, what="the worker pod's Ray to start", bed=runner)
+    try:
+        yield {"namespace": namespace, "head": head, "worker": worker, "mount_path": Path(mount_path)}
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_users_variables(
+        ray_cluster: dict[str, Any]) -> None:
+    head: podrunner.LocalPod = ray_cluster["head"]
+    assert head.process is not None
+    assert os.getpgid(head.process.pid) == head.process.pid  # its own process group
+    env = environ(head.process.pid)
+    assert env["PATH"].split(":")[0] == str(podrunner.VENV_BIN)
+    assert env["HOME"] != os.environ.get("HOME") and not (Path(env["HOME"]) / ".ray" / "auth_token").exists()
+    assert env["USER_SETTING"] == "kept" and env["MY_POD_NAME"] == "rc-head"
+    assert not {"RAY_ADDRESS", "RAY_PORT", "RAY_CLUSTER_NAME", "RAY_USAGE_STATS_KUBERAY_IN_USE",
+                "KUBERAY_GEN_RAY_START_CMD"} & set(env)
+    assert len(str(head.temp_dir)) < 20  # Ray's AF_UNIX socket paths must stay under 107 bytes
+    cmdline = Path(f"/proc/{head.process.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--num-cpus=1" in cmdline and b"--dashboard-host=127.0.0.1" in cmdline  # user's params kept, net ours
+    assert len(podrunner.pod_processes(head.uid)) >= 4  # gcs, raylet, dashboard, ... all carry the marker
+
+
+def test_the_pod_is_reported_ready_only_once_ray_answers(
+        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    events = [e for e in bed[1].events if f"{ray_cluster['namespace']}/rc-head" in e]
+    reasons = [e.split("]: ", 1)[1].split(":")[0] for e in events]
+    assert reasons.index("Started") < reasons.index("Ready")
+    pod = get(control_plane, f"/api/v1/namespaces/{ray_cluster['namespace']}/pods/rc-head")
+    assert podrunner.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
+    assert pod["status"]["containerStatuses"][0]["ready"] is True  # type: ignore[index]
+
+
+def test_the_head_service_name_reaches_the_local_dashboard_through_the_proxy(
+        ray_cluster: dict[str, Any], bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    forward, runner = bed
+    url = f"http://rc-head-svc.{ray_cluster['namespace']}.svc.cluster.local:8265"
+    status, body = wait_until(lambda: (r := via_proxy(forward, f"{url}/api/version")) and r[0] == 200 and r,
+                              timeout=30, what="the route to the dashboard", bed=runner)
+    assert json.loads(body)["ray_version"] == "2.60.0"
+    assert via_proxy(forward, f"http://rc-head-svc.elsewhere.svc.cluster.local:8265/api/version")[0] == 502
+
+
+def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
+    head: podrunner.LocalPod = ray_cluster["head"]
+    worker: podrunner.LocalPod = ray_cluster["worker"]
+    assert worker.process is not None
+    assert f"--address={head.gcs_address}".encode() in Path(f"/proc/{worker.process.pid}/cmdline").read_bytes()
+
+    def alive_nodes() -> int:
+        with urllib.request.urlopen(f"{head.dashboard_url}/nodes?view=summary", timeout=5) as response:
+            summary = json.loads(response.read())["data"]["summary"]
+        return sum(1 for node in summary if node["raylet"]["state"] == "ALIVE")
+
+    assert wait_until(lambda: alive_nodes() == 2, timeout=60, what="two alive Ray nodes")
+
+
+def test_the_process_acts_as_the_pods_service_account_with_a_token_bound_to_the_pod(
+        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any]) -> None:
+    head: podrunner.LocalPod = ray_cluster["head"]
+    assert head.process is not None
+    kubeconfig = Path(environ(head.process.pid)["KUBECONFIG"])
+    review = control_plane.kubectl("auth", "whoami", "-o", "json", kubeconfig=kubeconfig)
+    user = json.loads(review.stdout)["status"]["userInfo"]
+    assert user["username"] == f"system:serviceaccount:{ray_cluster['namespace']}:ray-sa"
+    assert user["extra"]["authentication.kubernetes.io/pod-name"] == ["rc-head"]
+    # RBAC is enforced for real: the ServiceAccount has no role.
+    denied = control_plane.kubectl("get", "pods", kubeconfig=kubeconfig, check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+
+
+def test_the_pvc_is_bind_mounted_at_its_mount_path_in_the_pods_private_mount_namespace(
+        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    namespace, head = ray_cluster["namespace"], ray_cluster["head"]
+    claim = get(control_plane, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/ckpt")
+    assert claim is not None and claim["status"]["phase"] == "Bound"  # provisioned by the runner
+    directory = bed[1].claim_directory(namespace, "ckpt")
+    (directory / "from-host").write_text("written on the PV")
+    mount_path: Path = ray_cluster["mount_path"]
+    inside = subprocess.run(["nsenter", "-t", str(head.process.pid), "-m", "--", "sh", "-c",
+                             f"cat {mount_path}/from-host && echo from-pod > {mount_path}/from-pod"],
+                            capture_output=True, text=True, timeout=30)
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout == "written on the PV"
+    assert (directory / "from-pod").read_text() == "from-pod\n"
+    assert mount_path.is_dir() and not any(mount_path.iterdir())  # outside the pod: an empty mountpoint only
+
+
+def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_never(
+        control_plane: controlplane.ControlPlane, namespace: str,
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    runner = bed[1]
+    apply(control_plane, namespace, ray_pod("crashy", "crashy", "head"))
+    local = wait_until(lambda: (p := runner.find(namespace, "crashy")) and p.state == "ready" and p,
+                       timeout=180, what="the head's Ray to answer", bed=runner)
+    assert local.process is not None
+    os.killpg(local.process.pid, 9)
+    path = f"/api/v1/namespaces/{namespace}/pods/crashy"
+    pod = wait_until(lambda: (p := get(control_plane, path)) and p["status"].get("phase") == "Failed" and p,
+                     timeout=30, what="the pod Failed", bed=runner)
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 137 and terminated["reason"] == "Error"
+    assert podrunner.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
+    wait_until(lambda: not podrunner.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
+
+
+def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
+        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    forward, runner = bed
+    namespace, head = ray_cluster["namespace"], ray_cluster["head"]
+    chaos.evict(control_plane, namespace, "rc-head")
+    wait_until(lambda: not podrunner.pod_processes(head.uid) and head.state == "killed", timeout=30,
+               what="the head's processes gone", bed=runner)
+    status, body = via_proxy(forward, f"http://rc-head-svc.{namespace}.svc.cluster.local:8265/api/version")
+    assert status == 502 and b"no route" in body
+    assert not ray_cluster["mount_path"].parent.exists()  # the mountpoint the runner created is removed
+
+
+def test_a_node_failure_kills_its_pods_processes_at_once(
+        control_plane: controlplane.ControlPlane, namespace: str,
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    runner = bed[1]
+    node = f"doomed-{uuid.uuid4().hex[:6]}"
+    taint = {"key": "trainingrun.dev/testbed", "value": node, "effect": "NoSchedule"}
+    control_plane.create_fake_node(node, taints=[taint], annotations={controlplane.KWOK_ANNOTATION: node})
+    kubelet = control_plane.start_kwok(manage_single_node=node, name=f"kwok-{node}")
+    try:
+        control_plane.wait_nodes_ready([node])
+        apply(control_plane, namespace, ray_pod("on-doomed", "doomed", "head",
+                                                nodeSelector={"kubernetes.io/hostname": node},
+                                                tolerations=[{**taint, "operator": "Equal"}]))
+        local = wait_until(lambda: (p := runner.find(namespace, "on-doomed")) and p.state == "ready" and p,
+                           timeout=180, what="the head's Ray on the doomed node", bed=runner)
+        started = time.monotonic()
+        killed = chaos.fail_node(control_plane, runner, node, kubelet)
+        assert [p.uid for p in killed] == [local.uid]
+        assert not podrunner.pod_processes(local.uid) and time.monotonic() - started < 10
+        node_obj = get(control_plane, f"/api/v1/nodes/{node}")
+        assert podrunner.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
+        time.sleep(2 * runner.interval)
+        assert runner.find(namespace, "on-doomed").state == "killed"  # type: ignore[union-attr]  # not restarted
+    finally:
+        kubelet.stop()
+        control_plane.kubectl("delete", "pod", "on-doomed", "-n", namespace, "--force", "--grace-period=0",
+                              "--ignore-not-found", check=False)
+        control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
+
+
+def test_a_pending_claim_gets_a_hostpath_volume_bound_by_claim_ref(
+        control_plane: controlplane.ControlPlane, namespace: str,
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    apply(control_plane, namespace, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"},
+                                     "spec": {"accessModes": ["ReadWriteOnce"],
+                                              "resources": {"requests": {"storage": "2Gi"}}}})
+    path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/c"
+    claim = wait_until(lambda: (c := get(control_plane, path)) and c["status"].get("phase") == "Bound" and c,
+                       timeout=30, what="the claim Bound")
+    volume = get(control_plane, f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
+    assert volume is not None
+    assert volume["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
+    assert volume["spec"]["capacity"]["storage"] == "2Gi"
+    assert Path(volume["spec"]["hostPath"]["path"]).is_dir()
+    assert Path(volume["spec"]["hostPath"]["path"]).is_relative_to(bed[1].workdir)
