@@ -55,6 +55,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self._records: dict[int, Record] = {}
+        self._queued: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -68,6 +69,7 @@ class Ledger:
         if uid in self._records:
             raise LedgerError(f"uid {uid} left the loader twice")
         self._records[uid] = Record(uid=uid, index=index)
+        self._queued.add(uid)
 
     def dispatched(self, uid: int) -> None:
         """QUEUED -> IN_FLIGHT."""
@@ -90,7 +92,7 @@ class Ledger:
 
     def queued(self) -> list[int]:
         """Uids waiting for (re)dispatch, oldest first."""
-        return sorted(u for u, r in self._records.items() if r.state is State.QUEUED)
+        return sorted(self._queued)
 
     def in_state(self, state: State) -> list[int]:
         """Uids in `state`, ascending."""
@@ -103,6 +105,10 @@ class Ledger:
         if record.state is not source:
             raise LedgerError(f"uid {uid} is {record.state.value}, cannot go {source.value} -> {target.value}")
         record.state = target
+        if source is State.QUEUED:
+            self._queued.discard(uid)
+        if target is State.QUEUED:
+            self._queued.add(uid)
         return record
 
     def state_dict(self) -> dict[str, Any]:
@@ -118,11 +124,14 @@ class Ledger:
         """Restore; every IN_FLIGHT record becomes QUEUED. Returns those uids (they must be redispatched)."""
         self._records = {}
         redispatch = []
+        self._queued = set()
         for uid, index, st, version, step, dispatches, drops in state["records"]:
             record = Record(uid, index, State(st), version, step, dispatches, drops)
             if record.state is State.IN_FLIGHT:
                 record.state = State.QUEUED
                 redispatch.append(uid)
+            if record.state is State.QUEUED:
+                self._queued.add(uid)
             self._records[uid] = record
         return redispatch
 

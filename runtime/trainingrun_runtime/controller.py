@@ -1,0 +1,398 @@
+"""SingleControllerActor: one Ray actor, one asyncio loop, running the rollout lanes, the train pump and the saves.
+
+    rollout lane ×k (one per generator slot)            train pump
+    ─────────────────────────────────────────           ──────────────────────────────────────────────
+    dispatch: queued uid (redispatch) or loader.next()  select: sampler.select(committed {uid: version})
+      ledger: QUEUED → IN_FLIGHT                        drop too-stale groups (remove_group, barrier)
+    reserve(group)            ── barrier.mutation ──    advantage stage: read rewards back, write
+    generate on worker (versioned weights)                 advantages onto the SAME keys (no barrier;
+    commit(group, rows) → TQ  ── barrier.mutation ──       same task as the save)
+      ledger: IN_FLIGHT → COMMITTED                     train: TQPolicy.train(keys) — the trainer reads TQ
+                                                        clear consumed rows (remove_group, barrier)
+                                                          ledger: COMMITTED → CONSUMED, sampler.advance()
+                                                        weight sync: trainer → every generator (version t+1)
+                                                        every save_period steps: checkpoint (below)
+
+    checkpoint(step N)                      (checkpoint.DataPlaneCheckpointer from issue 4 does the cut)
+      tmp_step_N/ ← policy/ (weights + optimizer)                         outside the cut: the trainer is idle
+      ┌ barrier.checkpoint() ── exclusive: lanes queue at reserve/commit ──────────────────────────┐
+      │ replay index + _capture(): loader place, sampler cursor, ledger (in-flight uids)            │
+      │ list_sample_ids() == index?  else InventoryMismatch (save abandoned, run continues)          │
+      │ save_checkpoint() → data_plane/                                                              │
+      └──────────────────────────────────────────────────────────────────────────────────────────────┘
+      replay_buffer_metadata.pt (index + captured reads), train_dataloader.pt ← the values read in the cut
+      commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
+      report (only now), retention
+
+`__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
+attaches the process-bound plumbing with the token the driver's restore produced
+(connect-only client, barrier, replay buffer), rebuilds the replay index and checks
+it against the rows TransferQueue holds, and only then starts the tasks.
+
+Supervision: every task is named; the first one to fail cancels the others and its
+own exception (not a wrapper) is what `run()` raises. The run ends when the train
+pump has done `steps` steps.
+
+Concurrency rules (one loop, so "no await between" means atomic):
+- a ledger transition happens on the same loop turn as the buffer operation it
+  describes, so the cut always sees ledger and index agree;
+- `_dispatch` holds `_cond` (the dispatch lock) from choosing a uid until its
+  generate call is submitted; a weight sync submits the new weights under the
+  same lock, so a generate submitted with version v runs on v's weights (Ray runs
+  one caller's calls to one actor in submission order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainingrun_runtime import (
+    bundle,
+    checkpoint,
+    config,
+    crashpoints,
+    dataloader,
+    dataplane,
+    events,
+    grpo,
+    ledger,
+    policy,
+    reporter,
+    sampler,
+    task,
+    trainer,
+)
+from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.errors import InventoryMismatch, PreflightError
+from trainingrun_runtime.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
+
+__all__ = ["PARTITION", "RunResult", "SingleController", "SingleControllerActorArgs", "capacity", "group_rows"]
+
+log = logging.getLogger(__name__)
+
+PARTITION = "rollouts"
+
+
+def capacity(cfg: config.TrainerConfig) -> int:
+    """Groups the replay buffer may hold (reserved + committed): the sampler's window plus one step of slack."""
+    return (cfg.sampler.max_staleness + 2) * cfg.prompts_per_step
+
+
+def replay_config(cfg: config.TrainerConfig) -> ReplayConfig:
+    """The replay buffer's shape for a trainer config (what a restore preflights against)."""
+    return ReplayConfig(partition=PARTITION, group_size=cfg.grpo.group_size, capacity=capacity(cfg))
+
+
+def group_rows(uid: int, group_size: int) -> GroupRows:
+    """The group id and member sample ids of prompt `uid`: `u<uid>`, `u<uid>:<g>`."""
+    return GroupRows(f"u{uid}", tuple(f"u{uid}:{g}" for g in range(group_size)))
+
+
+@dataclasses.dataclass
+class SingleControllerActorArgs:
+    """Everything the controller needs, built and (when resuming) restored by `setup_single_controller`."""
+
+    config: config.RuntimeConfig
+    run: str
+    attempt: int
+    root: str
+    config_hash: str
+    policy: policy.TQPolicy
+    generators: list[Any]
+    task: task.Task
+    loader: dataloader.PromptLoader
+    sampler: sampler.Sampler
+    ledger: ledger.Ledger
+    token: dataplane.DataPlaneToken
+    """Proof that TransferQueue was restored (or started fresh) by the policy's bootstrap client."""
+    data_plane_checkpoint_metadata: dict[str, Any] | None
+    """What the restore read back from the snapshot (None on a fresh start)."""
+    replay_state: dict[str, Any] | None
+    """The replay index read from the bundle (None on a fresh start)."""
+    replay_digest: str | None
+    """The manifest's replay digest, which the rebuilt index must match (None on a fresh start)."""
+    restored_step: int | None
+    status_reporter: reporter.Reporter
+    event_log: events.EventLog
+    crash: crashpoints.CrashPoints
+    last_checkpoint: reporter.CheckpointReport | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What `run()` returns to the driver."""
+
+    step: int
+    weights_sha256: str
+    mean_reward: float | None
+    rewards: list[float]
+    last_checkpoint: reporter.CheckpointReport | None
+    exclusive_s: list[float]
+    """The barrier's exclusive window of each checkpoint this attempt wrote (seconds)."""
+
+
+class SingleController:
+    """The controller (plain class; `actor()` wraps it as a Ray actor). See the module docstring."""
+
+    def __init__(self, args: SingleControllerActorArgs) -> None:
+        self.args = args  # nothing is built here: setup built it, run() attaches it
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        """Attach, restore the index, run the pumps until `steps`; raise the first failure as it was."""
+        a = self.args
+        tcfg = a.config.trainer
+        self.client = await asyncio.to_thread(dataplane.ConnectOnlyDataPlane.connect, a.token)
+        a.event_log.emit("client_connected")
+        self.barrier = DataPlaneCheckpointBarrier()
+        rc = replay_config(tcfg)
+        self.replay = TQReplayBuffer(
+            self.client, self.barrier, partition=rc.partition, group_size=rc.group_size, capacity=rc.capacity
+        )
+        a.event_log.emit("buffer_built")
+        if a.replay_state is not None:
+            # Index only, checked against the rows TransferQueue holds; no write to TQ; before any pump.
+            await self.replay.restore(a.replay_state, expected_digest=a.replay_digest)
+            self._check_ledger_against_index()
+        a.event_log.emit("index_restored", groups=len(self.replay), digest=self.replay.index.digest())
+        self.saver = checkpoint.DataPlaneCheckpointer(
+            a.root, a.run, dataplane=self.client, buffer=self.replay, barrier=self.barrier, on_stage=self._bundle_stage
+        )
+        self.exclusive_s: list[float] = []
+        self._cond = asyncio.Condition()
+        self._rows_ready = asyncio.Event()
+        self.version = a.sampler.step
+        self.rewards: list[float] = []
+        self._saving_step = -1
+        self.last_checkpoint = a.last_checkpoint
+        tasks = {asyncio.create_task(self._train_pump(), name="train-pump")}
+        lanes = 2 * len(a.generators)
+        for i in range(lanes):
+            worker = a.generators[i % len(a.generators)]
+            tasks.add(asyncio.create_task(self._rollout_lane(worker), name=f"rollout-lane-{i}"))
+        a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
+        await _supervise(tasks, until="train-pump")
+        sha = await a.policy.weights_sha256()
+        a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
+        mean = None if not self.rewards else self.rewards[-1]
+        return RunResult(a.sampler.step, sha, mean, list(self.rewards), self.last_checkpoint, list(self.exclusive_s))
+
+    def _check_ledger_against_index(self) -> None:
+        committed_uids = sorted(int(g.meta["uid"]) for g in self.replay.groups())
+        ledger_uids = self.args.ledger.in_state(ledger.State.COMMITTED)
+        if committed_uids != ledger_uids:
+            raise PreflightError(
+                f"ledger.json says committed {ledger_uids[:8]}…, replay index holds {committed_uids[:8]}…"
+            )
+
+    # -- rollout --------------------------------------------------------------------------------
+
+    def _pick(self) -> tuple[int, int, int] | None:
+        """The next (uid, dataset index, version) to generate, moved to IN_FLIGHT; None if nothing may go now."""
+        a = self.args
+        for uid in a.ledger.queued():
+            version = a.sampler.dispatch_version(uid, self.version)
+            if version is not None:
+                a.ledger.dispatched(uid)
+                return uid, a.ledger.get(uid).index, version
+        last = a.config.trainer.steps * a.config.trainer.prompts_per_step  # nothing past the last step
+        if a.loader.next_uid < min(a.sampler.loader_limit(), last):
+            version = a.sampler.dispatch_version(a.loader.next_uid, self.version)
+            if version is not None:
+                prompt = a.loader.next()
+                a.ledger.left_loader(prompt.uid, prompt.index)  # no await since loader.next()
+                a.ledger.dispatched(prompt.uid)
+                return prompt.uid, prompt.index, version
+        return None
+
+    async def _dispatch(self, worker: Any) -> tuple[int, int, Any]:
+        """Choose, reserve and submit one group; returns (uid, version, ObjectRef of the generated group)."""
+        g = self.args.config.trainer.grpo.group_size
+        async with self._cond:
+            while (picked := self._pick()) is None:
+                await self._cond.wait()
+            uid, index, version = picked
+            rows = group_rows(uid, g)
+            await self.replay.reserve(rows.group_id, rows.sample_ids, {"uid": uid, "version": version})
+            ref = worker.generate.remote(uid, index, version)  # under the lock: no weight sync in between
+        return uid, version, ref
+
+    async def _rollout_lane(self, worker: Any) -> None:
+        g = self.args.config.trainer.grpo.group_size
+        while True:
+            uid, version, ref = await self._dispatch(worker)
+            group = await ref
+            if group["version"] != version:
+                raise RuntimeError(f"uid {uid}: asked for version {version}, generated with {group['version']}")
+            fields = {
+                "tokens": group["tokens"],
+                "logprobs": group["logprobs"],
+                "rewards": group["rewards"],
+            }
+            await self.replay.commit(group_rows(uid, g).group_id, fields)
+            self.args.ledger.committed(uid, version)  # same loop turn as the commit
+            self._rows_ready.set()
+
+    # -- training -------------------------------------------------------------------------------
+
+    async def _next_selection(self) -> sampler.Selection:
+        a = self.args
+        while True:
+            self._rows_ready.clear()
+            committed = {int(r.meta["uid"]): int(r.meta["version"]) for r in self.replay.groups()}
+            selection = a.sampler.select(committed)
+            if selection is not None:
+                return selection
+            await self._rows_ready.wait()
+
+    async def _train_pump(self) -> None:
+        a = self.args
+        tcfg = a.config.trainer
+        while a.sampler.step < tcfg.steps:
+            selection = await self._next_selection()
+            if selection.drop:
+                await self._drop(selection.drop)
+            if not selection.train:
+                continue
+            step = a.sampler.step
+            keys = [sid for uid in selection.train for sid in group_rows(uid, tcfg.grpo.group_size).sample_ids]
+            reward = await self._advantage_stage(keys, len(selection.train))
+            stats = await a.policy.train(PARTITION, keys)
+            a.crash.reach("trained", step + 1)
+            for uid in selection.train:
+                await self.replay.remove_group(group_rows(uid, tcfg.grpo.group_size).group_id)
+            a.ledger.consumed(selection.train, step)  # the cut cannot fall here: saves run in this task
+            a.sampler.advance()
+            self.rewards.append(reward)
+            await self._sync_weights()
+            done = a.sampler.step
+            if done % tcfg.log_every == 0 or done == tcfg.steps:
+                log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
+            if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:
+                await self._checkpoint(done, reward)
+
+    async def _drop(self, uids: tuple[int, ...]) -> None:
+        g = self.args.config.trainer.grpo.group_size
+        async with self._cond:
+            for uid in uids:
+                await self.replay.remove_group(group_rows(uid, g).group_id)
+                self.args.ledger.dropped(uid)  # same loop turn as the removal
+            self._cond.notify_all()
+
+    async def _advantage_stage(self, keys: list[str], prompts: int) -> float:
+        """Read the batch's rewards back, write group-normalised advantages onto the same keys; mean reward."""
+        g = self.args.config.trainer.grpo
+        rows = await asyncio.to_thread(self.client.read_rows, PARTITION, keys, ["rewards"])
+        rewards = rows["rewards"]
+        assert isinstance(rewards, torch.Tensor)
+        trainer.deterministic()  # TransferQueue's reads reset torch's thread count; put it back
+        advantages = grpo.group_advantages(rewards.view(prompts, g.group_size), g.adv_eps).flatten()
+        await asyncio.to_thread(self.client.update_fields, PARTITION, keys, {"advantages": advantages})
+        return float(rewards.mean())
+
+    async def _sync_weights(self) -> None:
+        """Send the trainer's new weights to every generator; later dispatches use the new version."""
+        a = self.args
+        async with self._cond:
+            weights = a.policy.weights_ref()
+            loads = [gen.load_weights.remote(a.sampler.step, weights) for gen in a.generators]
+            self.version = a.sampler.step
+            self._cond.notify_all()
+        await asyncio.gather(*loads)
+
+    # -- checkpoint -----------------------------------------------------------------------------
+
+    def _bundle_stage(self, name: str) -> None:
+        self.args.crash.reach(name, self._saving_step)
+
+    def _capture(self) -> dict[str, Any]:
+        """Every restart-facing read besides the index; called by the snapshot inside the exclusive cut."""
+        a = self.args
+        return {
+            "loader": dict(a.loader.state_dict()),
+            "sampler": dict(a.sampler.state_dict()),
+            "ledger": a.ledger.state_dict(),
+            "version": self.version,
+        }
+
+    async def _checkpoint(self, step: int, reward: float) -> None:
+        a = self.args
+        self._saving_step = step
+        pending = await asyncio.to_thread(self.saver.begin, step)
+        try:
+            weights_sha = await a.policy.save(pending.path / bundle.POLICY)
+            a.crash.reach("policy_saved", step)
+            # One exclusive barrier cut: index + _capture() + inventory check + TransferQueue snapshot.
+            snap = await pending.snapshot(capture=self._capture)
+            loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
+            await asyncio.to_thread(torch.save, loader_state, pending.path / bundle.TRAIN_DATALOADER)
+            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
+            path = await asyncio.to_thread(
+                lambda: pending.commit(
+                    attempt=a.attempt, config_hash=a.config_hash, weights_sha256=weights_sha, extra=extra
+                )
+            )
+        except InventoryMismatch as e:
+            pending.abort()
+            log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
+            return
+        except BaseException:
+            pending.abort()
+            raise
+        self.last_checkpoint = reporter.CheckpointReport(
+            step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
+            weightsSha256=weights_sha, time=reporter.rfc3339_now(),
+        )
+        self.exclusive_s.append(snap.exclusive_s)
+        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=weights_sha, path=str(path),
+                         exclusive_s=snap.exclusive_s)
+        await asyncio.to_thread(a.status_reporter.report, self.status(step, reward, finished=False))
+        a.crash.reach("reported", step)
+        cp = a.config.checkpoint
+        await asyncio.to_thread(bundle.apply_retention, a.root, a.run, cp.keep_last, cp.keep_every, verified=path)
+
+    def status(self, step: int, reward: float | None, *, finished: bool) -> reporter.RuntimeStatus:
+        """`status.runtime` as of now."""
+        return reporter.RuntimeStatus(
+            attempt=self.args.attempt, step=step, reward=reward, updated=reporter.rfc3339_now(),
+            lastCheckpoint=self.last_checkpoint, restoreError=None, finished=finished,
+        )
+
+
+async def _supervise(tasks: set[asyncio.Task[None]], *, until: str) -> None:
+    """Wait until the task named `until` returns (then cancel the rest) or any task fails (re-raise it)."""
+    pending = set(tasks)
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+            if failed:
+                first = failed[0]
+                log.error("task %s failed: %r; stopping the run", first.get_name(), first.exception())
+                raise first.exception()  # type: ignore[misc]
+            if any(t.get_name() == until for t in done):
+                return
+            if done:
+                names = ", ".join(sorted(t.get_name() for t in done))
+                raise RuntimeError(f"task(s) {names} ended on their own; they must run until the train pump ends")
+    finally:
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+
+def actor(name: str) -> Any:
+    """The Ray actor class for `SingleController`, named `name` (one asyncio loop: an async actor)."""
+    import ray
+
+    actor_cls: Any = ray.remote(SingleController)
+    return actor_cls.options(name=name, num_cpus=0, max_restarts=0, max_concurrency=1000)
+

@@ -1,0 +1,55 @@
+"""Crash points: freeze the process at a named place so a test can SIGKILL it exactly there.
+
+    TRAININGRUN_CRASH_AT="<point>@<step>[,<point>@<step>...]"      e.g. "data_plane_saved@4"
+
+Points (in the order a step passes them): `trained` (after the optimizer step, before
+the consumed rows are cleared), `policy_saved`, `data_plane_saved` (inside the
+barrier window, after TransferQueue's snapshot), the bundle's commit stages
+(`files_synced`, `manifest_written`, `old_moved`, `renamed`, `parent_synced`,
+`old_removed`) and `reported`. On reaching an armed point the process writes
+`<marker_dir>/crashed-at-<point>@<step>` and blocks forever; the test waits for that
+file and kills the whole process group, which is what a pod kill does. Unarmed
+points cost one dict lookup. The spec is read on the driver and handed to the
+controller, so it does not depend on environment propagation. Pure standard library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+__all__ = ["ENV", "CrashPoints"]
+
+ENV = "TRAININGRUN_CRASH_AT"
+
+log = logging.getLogger(__name__)
+
+
+class CrashPoints:
+    """The armed (point, step) pairs and where to drop the marker."""
+
+    def __init__(self, spec: str | None, marker_dir: str | os.PathLike[str]) -> None:
+        self.armed: set[tuple[str, int]] = set()
+        self.marker_dir = str(marker_dir)
+        for item in (spec or "").split(","):
+            if item.strip():
+                point, _, step = item.strip().partition("@")
+                self.armed.add((point, int(step)))
+
+    @classmethod
+    def from_env(cls, marker_dir: str | os.PathLike[str]) -> CrashPoints:
+        """Armed from `TRAININGRUN_CRASH_AT` (unset: nothing armed)."""
+        return cls(os.environ.get(ENV), marker_dir)
+
+    def reach(self, point: str, step: int) -> None:
+        """Freeze here if (point, step) is armed."""
+        if (point, step) not in self.armed:
+            return
+        marker = Path(self.marker_dir) / f"crashed-at-{point}@{step}"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(os.getpid()))
+        log.warning("crash point %s@%d reached: freezing until killed", point, step)
+        while True:
+            time.sleep(3600)

@@ -1,0 +1,141 @@
+"""The driver entrypoint: arguments in, exit code out (`python -m trainingrun_runtime`).
+
+    parse args + config ──bad──► exit 2
+    setup_single_controller() ──RestoreFailed──► report restoreError, stderr "RestoreFailed: …", exit 3
+    actor.run() ──error──► exit 1 (its original error is logged)
+    final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
+
+    python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step>
+        --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file [--event-log FILE]
+
+Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
+(the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
+This is the only module that prints (the final `RestoreFailed:` line) or sets up
+logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+
+import pydantic
+
+from trainingrun_runtime import config, events, reporter, setup
+
+__all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_RESTORE_FAILED = 3
+
+log = logging.getLogger("trainingrun_runtime.driver")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainingrun_runtime", description="Run or resume one GRPO attempt.")
+    p.add_argument("--run", required=True, help="TrainingRun name; checkpoints go to ROOT/RUN/step_N")
+    p.add_argument("--namespace", default="default", help="Kubernetes namespace of the TrainingRun")
+    p.add_argument("--attempt", type=int, required=True, help="attempt number (fencing for reports)")
+    p.add_argument("--resume", default="latest", help="'latest' (newest valid checkpoint, else fresh) or a step")
+    p.add_argument("--root", required=True, help="checkpoint root directory")
+    p.add_argument("--config-json", required=True, help="RuntimeConfig as JSON ({trainer, checkpoint})")
+    p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
+    p.add_argument("--event-log", default=None, help="append start-up/controller events as JSON lines here")
+    p.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of a local Ray (ignored with RAY_ADDRESS)")
+    return p
+
+
+def parse(argv: list[str]) -> setup.DriverOptions:
+    """Arguments to options; argparse exits 2 on usage errors, a bad config raises ValueError."""
+    ns = _parser().parse_args(argv)
+    try:
+        cfg = config.RuntimeConfig.model_validate_json(ns.config_json)
+    except pydantic.ValidationError as e:
+        raise ValueError(f"--config-json is not a valid RuntimeConfig:\n{e}") from None
+    if ns.resume != "latest" and not ns.resume.isdigit():
+        raise ValueError(f"--resume must be 'latest' or a step number, got {ns.resume!r}")
+    if ns.attempt < 0:
+        raise ValueError("--attempt must be >= 0")
+    return setup.DriverOptions(
+        run=ns.run, namespace=ns.namespace, attempt=ns.attempt, resume=ns.resume, root=ns.root, config=cfg,
+        reporter=ns.reporter, event_log=ns.event_log, num_cpus=ns.num_cpus,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one attempt; returns the exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = parse(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"BadConfig: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    ev = events.EventLog(opts.event_log)
+    ev.emit("driver_started", attempt=opts.attempt)
+    rep = reporter.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
+    try:
+        built = setup.setup_single_controller(opts, ev)
+    except setup.RestoreFailed as e:
+        _report_restore_error(rep, opts, str(e))
+        _shutdown_ray()
+        print(f"RestoreFailed: {e}", file=sys.stderr)
+        return EXIT_RESTORE_FAILED
+    import ray
+
+    try:
+        result = ray.get(built.actor.run.remote())
+    except Exception as e:  # noqa: BLE001 - the exit code carries it; the log carries the original
+        cause = getattr(e, "cause", None) or e
+        log.error("run failed: %s: %s", type(cause).__name__, cause)
+        if isinstance(cause, setup.RestoreFailed | _restore_errors()):
+            _report_restore_error(rep, opts, f"{type(cause).__name__}: {cause}")
+            _close(built)
+            print(f"RestoreFailed: {type(cause).__name__}: {cause}", file=sys.stderr)
+            return EXIT_RESTORE_FAILED
+        traceback.print_exception(cause)
+        _close(built)
+        return EXIT_FAILED
+    rep.report(
+        reporter.RuntimeStatus(
+            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=reporter.rfc3339_now(),
+            lastCheckpoint=result.last_checkpoint, restoreError=None, finished=True,
+        )
+    )
+    log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
+    _close(built)
+    return EXIT_OK
+
+
+def _restore_errors() -> tuple[type[BaseException], ...]:
+    from trainingrun_runtime.errors import DigestError, PreflightError
+
+    # Raised only while the controller rebuilds the replay index, before the pumps start.
+    return (PreflightError, DigestError)
+
+
+def _report_restore_error(rep: reporter.Reporter, opts: setup.DriverOptions, message: str) -> None:
+    rep.report(
+        reporter.RuntimeStatus(
+            attempt=opts.attempt, step=0, reward=None, updated=reporter.rfc3339_now(), lastCheckpoint=None,
+            restoreError=message, finished=False,
+        )
+    )
+
+
+def _close(built: setup.Setup) -> None:
+    try:
+        built.policy.close()
+    except Exception:  # noqa: BLE001 - shutting down; the exit code is already decided
+        log.exception("closing TransferQueue failed")
+    _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,52 @@
+"""The event log: the order in which setup and the controller built and did things.
+
+    driver setup:  ray_started, tq_started, tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
+    controller:    client_connected, buffer_built, index_restored, pumps_started, checkpoint_committed, finished
+
+Each event is one JSON line appended (O_APPEND, one write) to a file shared by the
+driver and the controller actor, with the process id and a wall-clock time; tests
+read it to check the restore-before-client ordering, the benchmark reads the
+start-up split from it. Without a path, events go only to the debug log. Pure
+standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EventLog", "read"]
+
+log = logging.getLogger(__name__)
+
+
+class EventLog:
+    """Appends named events to `path` (or only logs them when `path` is None); picklable."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self.path = None if path is None else str(path)
+
+    def emit(self, name: str, **fields: Any) -> None:
+        """Record one event now."""
+        record = {"event": name, "t": time.time(), "pid": os.getpid(), **fields}
+        log.debug("event %s", record)
+        if self.path is None:
+            return
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+
+def read(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events of a log file, in the order they were written."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

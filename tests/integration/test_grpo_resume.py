@@ -1,0 +1,88 @@
+"""The driver on real local Ray with real TransferQueue: train, checkpoint, get killed, resume in a new process.
+
+One attempt trains a tiny run and is SIGKILLed (its whole process group, as a pod dies) right after step_4 was
+committed and reported. Then, in new processes:
+- a resume whose config changes the math (lr) is refused with exit code 3 before Ray starts;
+- a resume whose config changes only harmless fields (log_every, step limit) continues: it restores the step, the
+  loader place and the replay index exactly as step_4 holds them, in the order restore -> client -> buffer ->
+  index -> pumps, and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainingrun_runtime import bundle, events, launcher
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+RUN = "resume"
+CONFIG: dict[str, Any] = {
+    "trainer": {
+        "steps": 6, "promptsPerStep": 4, "generationWorkers": 1, "logEvery": 1,
+        "grpo": {"groupSize": 4}, "task": {"datasetSize": 64},
+    },
+    "checkpoint": {"savePeriod": 2, "keepLast": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def killed_after_step_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("grpo-resume")
+    first = launcher.start(run=RUN, attempt=1, root=root, config=CONFIG, crash_at="reported@4",
+                           event_log=root / "attempt1.jsonl")
+    first.wait_for_marker("reported", 4, timeout=600)
+    first.kill()
+    return root
+
+
+def test_a_resume_that_changes_the_math_is_refused_with_exit_code_3(killed_after_step_4: Path) -> None:
+    root = killed_after_step_4
+    changed = json.loads(json.dumps(CONFIG))
+    changed["trainer"]["grpo"]["lr"] = 0.01
+    proc = launcher.start(run=RUN, attempt=2, root=root, config=changed, event_log=root / "attempt2.jsonl")
+    assert proc.wait(300) == 3
+    last = proc.output().strip().splitlines()[-1]
+    assert last.startswith("RestoreFailed: ConfigMismatch")
+    assert "trainer.grpo.lr: 0.003 -> 0.01" in last
+    status = json.loads((root / RUN / "attempts" / "2" / "runtime.json").read_text())
+    assert status["restoreError"].startswith("ConfigMismatch")
+    assert "ray_started" not in [e["event"] for e in events.read(root / "attempt2.jsonl")]
+
+
+def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step_4: Path) -> None:
+    root = killed_after_step_4
+    step_4 = root / RUN / "step_4"
+    saved = bundle.verify(step_4)
+    harmless = json.loads(json.dumps(CONFIG))
+    harmless["trainer"]["logEvery"] = 3
+    harmless["trainer"]["steps"] = 8
+    proc = launcher.start(run=RUN, attempt=3, root=root, config=harmless, event_log=root / "attempt3.jsonl")
+    assert proc.wait(600) == 0, proc.output()[-3000:]
+
+    log = events.read(root / "attempt3.jsonl")
+    order = [e["event"] for e in log]
+    by_name = {e["event"]: e for e in log}
+    # Restore before anything else touches TransferQueue: no client, no buffer, no actor before tq_restored.
+    assert order.index("tq_started") < order.index("tq_restored") < order.index("actor_created")
+    assert order.index("tq_restored") < order.index("client_connected") < order.index("buffer_built")
+    assert order.index("buffer_built") < order.index("index_restored") < order.index("pumps_started")
+
+    loader_state = torch.load(step_4 / bundle.TRAIN_DATALOADER, weights_only=True)
+    index_state = torch.load(step_4 / bundle.REPLAY_METADATA, weights_only=True)["replay"]
+    assert by_name["checkpoint_selected"]["step"] == 4
+    assert by_name["pumps_started"]["step"] == 4 == loader_state["sampler"]["step"]
+    assert by_name["pumps_started"]["next_uid"] == loader_state["loader"]["next_uid"]
+    assert by_name["index_restored"]["digest"] == index_state["digest"] == saved.replay_digest
+    assert by_name["index_restored"]["groups"] == len(index_state["groups"])
+    assert by_name["finished"]["step"] == 8
+
+    status = json.loads((root / RUN / "attempts" / "3" / "runtime.json").read_text())
+    assert status["finished"] is True and status["attempt"] == 3
+    assert status["lastCheckpoint"]["step"] == 8
+    assert status["lastCheckpoint"]["weightsSha256"] == bundle.verify(root / RUN / "step_8").weights_sha256
