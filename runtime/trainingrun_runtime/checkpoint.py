@@ -1,0 +1,422 @@
+"""Data-plane checkpoints: save inside one exclusive barrier window; restore the newest valid step onto a pristine TQ.
+
+Save (in the controller actor, through its connect-only client). The trainer's
+checkpoint is built on `PendingCheckpoint`: it adds its own files before or after
+the data-plane snapshot and its weights digest at commit::
+
+    saver = DataPlaneCheckpointer(root, run, dataplane=client, buffer=buffer, barrier=barrier)
+    pending = saver.begin(step)               # <root>/<run>/tmp_step_N/ (crashed saves cleaned up)
+    ...write pending.path / "policy/..."      # outside the window: generation and commits go on
+    snap = await pending.snapshot(capture=lambda: {"loader": ..., "sampler": ..., "ledger": ...})
+    ...write pending.path / "train_dataloader.pt" from snap.restart
+    step_dir = pending.commit(attempt=a, config_hash=h, weights_sha256=w, extra={...})
+
+`snapshot` holds `barrier.checkpoint()` (ONE exclusive window) for exactly: the
+index (`buffer.metadata_state_dict()`), `capture()` (the caller's other
+restart-facing reads; synchronous, JSON values), the inventory check (the ids TQ
+stores must equal the index's, else `InventoryMismatch`, the pending save is
+discarded and no `step_N` appears), and TransferQueue's own snapshot into
+`tmp_step_N/data_plane/`. After the window it writes `replay_buffer_metadata.pt`
+(`torch.save` of plain values, read back with `weights_only=True`)::
+
+    {"format": 1, "run": str, "step": int, "replay": <the buffer's state dict>, "restart": <capture()>}
+
+`commit` is `bundle.PendingBundle.commit`: every file fsynced and hashed, the
+manifest (`replay_digest` = the index digest, `replay_mode` = "authoritative")
+written last, rename to `step_N`, parent fsynced. `save()` does all of it in one
+call. `on_stage(name)` is called after "begun", "data_plane_saved",
+"sidecar_written" and then after each of `bundle.COMMIT_STAGES` (crash tests kill
+the writer there).
+
+Restore (on the driver at setup, before any connect-only client exists)::
+
+    dp = BootstrapDataPlane.start()
+    r = restore(root, run, dp, config=buffer_config)      # None: nothing to restore
+    token = r.token if r is not None else dp.start_fresh()
+    # in the actor, later:
+    client = ConnectOnlyDataPlane.connect(token)
+    buffer = TQReplayBuffer(client, barrier, partition=..., group_size=..., capacity=...)
+    await buffer.restore(r.replay_state, expected_digest=r.manifest.replay_digest)
+
+`select` picks the newest step whose every check passes *before* anything reaches
+TransferQueue's loader: manifest and checksums (`bundle.open_for_restore`), the
+sidecar (safe load, preflight against the buffer config, digest equal to the
+manifest's), and `data_plane/` (its own sidecar of sizes, TQ version, unit count,
+and the digest TQ saved with it). A corrupt step is skipped with the reason, and
+the previous one is tried; a config mismatch (partition, group size, capacity) is
+raised instead, since older steps would not fit either. With `step=` pinned there
+is no fallback. Only then does the bootstrap client load it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+from trainingrun_runtime import bundle, digest
+from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane import (
+    BootstrapDataPlane,
+    DataPlaneClient,
+    DataPlaneToken,
+    check_data_plane_dir,
+)
+from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
+from trainingrun_runtime.replay_buffer import ReplayConfig, ReplayIndex, TQReplayBuffer, run_blocking
+
+__all__ = [
+    "REPLAY_MODE",
+    "SIDECAR_FORMAT",
+    "SAVE_STAGES",
+    "Snapshot",
+    "PendingCheckpoint",
+    "DataPlaneCheckpointer",
+    "Selection",
+    "Restore",
+    "read_sidecar",
+    "select",
+    "restore",
+]
+
+log = logging.getLogger(__name__)
+
+REPLAY_MODE: Final = "authoritative"
+"""The data plane is restored exactly (not regenerated): TQ's rows are the truth the index is checked against."""
+SIDECAR_FORMAT: Final = 1
+SAVE_STAGES: Final = ("begun", "data_plane_saved", "sidecar_written", *bundle.COMMIT_STAGES)
+"""Every point of a save where `on_stage` is called, in order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What the exclusive window captured and how long it took (seconds)."""
+
+    step: int
+    replay_digest: str
+    groups: int
+    rows: int
+    restart: Mapping[str, Any]
+    """What `capture()` returned, read in the same window as the index."""
+    exclusive_s: float
+    """The barrier's exclusive window (index, capture, inventory check, TQ snapshot)."""
+    snapshot_s: float
+    """TransferQueue's own snapshot call alone."""
+    hold_s: float
+    """From asking for the window to leaving it (waiting for active mutations included)."""
+
+
+class PendingCheckpoint:
+    """A save in progress in `tmp_step_N/`: `snapshot()` once, then `commit()`; `abort()` discards it."""
+
+    def __init__(self, saver: DataPlaneCheckpointer, pending: bundle.PendingBundle) -> None:
+        self._saver = saver
+        self._pending = pending
+        self.step = pending.step
+        self.path = pending.path
+        self.snap: Snapshot | None = None
+
+    async def snapshot(self, capture: Callable[[], Mapping[str, Any]] | None = None) -> Snapshot:
+        """Capture the index (+ `capture()`), check it against TQ and snapshot TQ, all in one exclusive window."""
+        if self.snap is not None:
+            raise RuntimeError(f"{self.path}: the data plane was already snapshotted")
+        s = self._saver
+        try:
+            requested = time.monotonic()
+            async with s.barrier.checkpoint():
+                state = s.buffer.metadata_state_dict()
+                restart = dict(capture()) if capture is not None else {}
+                digest.canonical_json(restart)  # JSON values only; names the bad field
+                indexed = s.buffer.index.stored_sample_ids()
+                stored = await run_blocking(lambda: s.dataplane.list_sample_ids(s.buffer.partition))
+                _check_inventory(indexed, stored, self.step)
+                meta = {
+                    "run": s.run,
+                    "step": self.step,
+                    "replay_digest": state["digest"],
+                    "groups": len(state["groups"]),
+                    "rows": len(indexed),
+                }
+                started = time.monotonic()
+                await run_blocking(lambda: s.dataplane.save_checkpoint(self.path / bundle.DATA_PLANE, meta))
+                snapshot_s = time.monotonic() - started
+            hold_s = time.monotonic() - requested
+            s.stage("data_plane_saved")
+            sidecar = {"format": SIDECAR_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
+            torch.save(sidecar, self.path / bundle.REPLAY_METADATA)
+            s.stage("sidecar_written")
+        except BaseException:
+            self.abort()
+            raise
+        exclusive = s.barrier.stats.last_exclusive_s
+        self.snap = Snapshot(
+            step=self.step,
+            replay_digest=state["digest"],
+            groups=len(state["groups"]),
+            rows=len(indexed),
+            restart=restart,
+            exclusive_s=exclusive if exclusive is not None else hold_s,
+            snapshot_s=snapshot_s,
+            hold_s=hold_s,
+        )
+        log.info(
+            "data plane snapshot for step %d: %d groups, %d rows, exclusive %.3fs (TQ snapshot %.3fs)",
+            self.step, self.snap.groups, self.snap.rows, self.snap.exclusive_s, snapshot_s,
+        )  # fmt: skip
+        return self.snap
+
+    def commit(
+        self,
+        *,
+        attempt: int,
+        config_hash: str,
+        weights_sha256: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Fsync and hash every file, write the manifest last, rename to `step_N`; returns its path."""
+        if self.snap is None:
+            self.abort()
+            raise RuntimeError(f"{self.path}: commit() before snapshot(); the pending save was discarded")
+        return self._pending.commit(
+            attempt=attempt,
+            config_hash=config_hash,
+            replay_digest=self.snap.replay_digest,
+            replay_mode=REPLAY_MODE,
+            weights_sha256=weights_sha256,
+            extra=extra,
+        )
+
+    def abort(self) -> None:
+        """Discard the save: no `step_N` is produced."""
+        self._pending.abort()
+
+
+class DataPlaneCheckpointer:
+    """Writes checkpoints of one run: the data plane, the replay index, and whatever the trainer adds."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run: str,
+        *,
+        dataplane: DataPlaneClient,
+        buffer: TQReplayBuffer,
+        barrier: DataPlaneCheckpointBarrier,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> None:
+        self.run = run
+        self.dataplane = dataplane
+        self.buffer = buffer
+        self.barrier = barrier
+        self._on_stage = on_stage
+        self._writer = bundle.BundleWriter(root, run, on_stage=on_stage)
+
+    def stage(self, name: str) -> None:
+        """Report a save stage to `on_stage` (crash-test hook)."""
+        if self._on_stage is not None:
+            self._on_stage(name)
+
+    def begin(self, step: int) -> PendingCheckpoint:
+        """Create `tmp_step_N/` (cleaning leftovers of crashed saves) for a new checkpoint."""
+        pending = PendingCheckpoint(self, self._writer.begin(step))
+        self.stage("begun")
+        return pending
+
+    async def save(
+        self,
+        step: int,
+        *,
+        attempt: int,
+        config_hash: str,
+        capture: Callable[[], Mapping[str, Any]] | None = None,
+        weights_sha256: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> tuple[Path, Snapshot]:
+        """`begin`, `snapshot` and `commit` in one call; returns the committed `step_N` and the snapshot."""
+        pending = self.begin(step)
+        snap = await pending.snapshot(capture)
+        path = await asyncio.to_thread(
+            pending.commit, attempt=attempt, config_hash=config_hash, weights_sha256=weights_sha256, extra=extra
+        )
+        return path, snap
+
+
+def _check_inventory(indexed: set[str], stored: list[str], step: int) -> None:
+    found = set(stored)
+    if found == indexed:
+        return
+    extra, missing = sorted(found - indexed), sorted(indexed - found)
+    raise InventoryMismatch(
+        f"checkpoint of step {step} abandoned: TransferQueue's rows differ from the replay index: "
+        f"{len(extra)} stored but not indexed {extra[:5]}, {len(missing)} indexed but not stored {missing[:5]}"
+    )
+
+
+# -- restore -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """A checkpoint that passed every check, with its decoded sidecar; nothing was loaded yet."""
+
+    verified: bundle.RestoreBundle
+    replay_state: Mapping[str, Any]
+    restart: Mapping[str, Any]
+    skipped: list[tuple[Path, str]]
+
+    @property
+    def manifest(self) -> bundle.Manifest:
+        """The verified manifest."""
+        return self.verified.manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class Restore:
+    """A finished restore: the token for connect-only clients and what the buffer and trainer need."""
+
+    token: DataPlaneToken
+    path: Path
+    manifest: bundle.Manifest
+    replay_state: Mapping[str, Any]
+    """For `TQReplayBuffer.restore(replay_state, expected_digest=manifest.replay_digest)`."""
+    restart: Mapping[str, Any]
+    """What `capture()` returned when the checkpoint was saved."""
+    data_plane_metadata: Mapping[str, Any]
+    skipped: list[tuple[Path, str]]
+
+
+def read_sidecar(path: Path) -> dict[str, Any]:
+    """Load `replay_buffer_metadata.pt` with `weights_only=True`; CheckpointCorrupt naming the file otherwise."""
+    try:
+        raw = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{path}: missing") from None
+    except Exception as e:
+        raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != SIDECAR_FORMAT or not {"replay", "restart"} <= set(raw):
+        raise CheckpointCorrupt(f"{path}: not a replay-index sidecar of format {SIDECAR_FORMAT}")
+    return raw
+
+
+def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: int | None) -> Selection:
+    opened = bundle.open_for_restore(candidate, run=run)
+    manifest = opened.manifest
+    if manifest.replay_mode != REPLAY_MODE:
+        raise CheckpointCorrupt(f"{candidate / bundle.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
+    sidecar_path = opened.replay_metadata
+    sidecar = read_sidecar(sidecar_path)
+    if sidecar.get("step") != manifest.step or sidecar.get("run") != run:
+        raise CheckpointCorrupt(f"{sidecar_path}: belongs to {sidecar.get('run')!r} step {sidecar.get('step')}")
+    ReplayIndex.from_state_dict(
+        sidecar["replay"],
+        partition=config.partition,
+        group_size=config.group_size,
+        capacity=config.capacity,
+        expected_digest=manifest.replay_digest,
+        where=str(sidecar_path),
+    )
+    data_plane = opened.data_plane
+    check_data_plane_dir(data_plane, storage_units=storage_units)
+    tq_meta_path = data_plane / "metadata.json"
+    try:
+        tq_meta = json.loads(tq_meta_path.read_text())["user_metadata"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointCorrupt(f"{tq_meta_path}: unreadable ({e})") from None
+    if tq_meta.get("replay_digest") != manifest.replay_digest:
+        raise DigestError(
+            f"{tq_meta_path}: the data plane was saved with replay digest {tq_meta.get('replay_digest')}, "
+            f"the manifest says {manifest.replay_digest}"
+        )
+    return Selection(verified=opened, replay_state=sidecar["replay"], restart=sidecar["restart"], skipped=[])
+
+
+def _candidates(run_path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Step directories newest first (`old_step_N` only where `step_N` is absent), and entries skipped by name."""
+    names = {e.name for e in os.scandir(run_path)}
+    found: list[tuple[int, Path]] = []
+    skipped: list[tuple[Path, str]] = []
+    for name in sorted(names):
+        if name.startswith(bundle.TMP_PREFIX):
+            skipped.append((run_path / name, "incomplete save (tmp_ directory never renamed)"))
+            continue
+        for prefix in (bundle.STEP_PREFIX, bundle.OLD_PREFIX):
+            number = name[len(prefix) :]
+            if name.startswith(prefix) and number.isdigit() and str(int(number)) == number:
+                if prefix == bundle.STEP_PREFIX or f"{bundle.STEP_PREFIX}{number}" not in names:
+                    found.append((int(number), run_path / name))
+    found.sort(key=lambda c: c[0], reverse=True)
+    return [p for _, p in found], skipped
+
+
+def select(
+    root: str | os.PathLike[str],
+    run: str,
+    *,
+    config: ReplayConfig,
+    storage_units: int | None = None,
+    step: int | None = None,
+) -> Selection | None:
+    """The newest checkpoint that passes every restore check (or exactly `step`), without loading anything.
+
+    None when the run has no checkpoint directory at all (leftover `tmp_step_N` only counts as
+    nothing). CheckpointCorrupt when checkpoints exist but none is valid, or the pinned one is not.
+    """
+    run_path = bundle.run_dir(root, run)
+    if not run_path.is_dir():
+        return None
+    candidates, skipped = _candidates(run_path)
+    if step is not None:
+        pinned = run_path / bundle.step_dirname(step)
+        if pinned not in candidates:
+            raise CheckpointCorrupt(f"{pinned}: the pinned checkpoint does not exist")
+        return dataclasses.replace(_validate(pinned, run, config, storage_units), skipped=skipped)
+    for path in candidates:
+        try:
+            chosen = _validate(path, run, config, storage_units)
+        except (CheckpointCorrupt, DigestError) as e:
+            log.warning("skipping checkpoint %s: %s", path, e)
+            skipped.append((path, str(e)))
+            continue
+        return dataclasses.replace(chosen, skipped=skipped)
+    if candidates:
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointCorrupt(f"{run_path}: no valid checkpoint among {len(candidates)}: {reasons}")
+    return None
+
+
+def restore(
+    root: str | os.PathLike[str],
+    run: str,
+    dataplane: BootstrapDataPlane,
+    *,
+    config: ReplayConfig,
+    step: int | None = None,
+) -> Restore | None:
+    """Select the newest valid checkpoint (or `step`) and load its data plane through the bootstrap client.
+
+    Returns None when there is nothing to restore (the caller then calls `dataplane.start_fresh()`).
+    """
+    chosen = select(root, run, config=config, storage_units=dataplane.storage_units, step=step)
+    if chosen is None:
+        return None
+    for path, why in chosen.skipped:
+        log.warning("restore skipped %s: %s", path, why)
+    token, metadata = dataplane.load_checkpoint(chosen.verified.data_plane)
+    log.info("restored data plane from %s (replay digest %s)", chosen.verified.path, chosen.manifest.replay_digest)
+    return Restore(
+        token=token,
+        path=chosen.verified.path,
+        manifest=chosen.manifest,
+        replay_state=chosen.replay_state,
+        restart=chosen.restart,
+        data_plane_metadata=metadata,
+        skipped=chosen.skipped,
+    )

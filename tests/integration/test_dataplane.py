@@ -1,0 +1,307 @@
+"""The data-plane client against real local Ray and real TransferQueue 0.1.11.
+
+One Ray cluster for the module; TransferQueue is restarted only where a test needs a pristine one
+(`Planes` keeps the current one and says why it restarts). Tests run in file order to keep restarts
+to three, but each also works alone.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import torch
+import transfer_queue
+
+from trainingrun_runtime import dataplane, tq_storage_fix
+from trainingrun_runtime.dataplane import (
+    BootstrapDataPlane,
+    ConnectOnlyDataPlane,
+    DataPlaneToken,
+    GroupRows,
+)
+from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, RestoreRefused
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+UNITS = 1  # one storage unit keeps each TransferQueue start cheap; test_checkpoint.py restores across two
+
+
+class Planes:
+    """The module's TransferQueue: the current bootstrap client and, once decided, a connect-only client."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._snapshots: tuple[Path, Path] | None = None
+        self.boot: BootstrapDataPlane | None = None
+        self.client: ConnectOnlyDataPlane | None = None
+        self.fresh_token: DataPlaneToken | None = None
+
+    def restart(self) -> BootstrapDataPlane:
+        self.close()
+        self.boot = BootstrapDataPlane.start(storage_units=UNITS)
+        return self.boot
+
+    def pristine(self) -> BootstrapDataPlane:
+        """An unused bootstrap client on an untouched TransferQueue."""
+        if self.boot is None or self.boot._used_by is not None or not self.boot.state().pristine:
+            return self.restart()
+        return self.boot
+
+    def live(self) -> tuple[BootstrapDataPlane, ConnectOnlyDataPlane]:
+        """A TransferQueue started fresh, with a connect-only client built from its token."""
+        if self.client is None:
+            boot = self.pristine()
+            self.fresh_token = boot.start_fresh()
+            self.client = ConnectOnlyDataPlane.connect(self.fresh_token)
+        assert self.boot is not None
+        return self.boot, self.client
+
+    def snapshots(self) -> tuple[Path, Path]:
+        """Two snapshots of the same rows, the second with a truncated storage file (written once)."""
+        if self._snapshots is None:
+            _, client = self.live()
+            client.put_groups("dirty", groups_of("d", 2, 2), {"x": torch.ones(4, 8)})
+            good, bad = self.workdir / "good", self.workdir / "bad"
+            client.save_checkpoint(good, {"step": 1})
+            client.save_checkpoint(bad, {"step": 1})
+            unit_file = next((bad / "simple_storage").glob("su_0_*.pkl"))
+            unit_file.write_bytes(unit_file.read_bytes()[:-10])
+            self._snapshots = (good, bad)
+        return self._snapshots
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.boot is not None:
+            self.boot.close()
+        self.boot = self.client = None
+
+
+@pytest.fixture(scope="module")
+def planes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Planes]:
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    p = Planes(tmp_path_factory.mktemp("dataplane"))
+    try:
+        yield p
+    finally:
+        p.close()
+        ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class Intruder:
+    """Another process using TransferQueue directly (not through our client)."""
+
+    def write(self, partition: str) -> int:
+        import torch as t
+        from tensordict import TensorDict
+
+        import transfer_queue as tq
+
+        tq.init()  # attaches to the running controller
+        tq.kv_batch_put(keys=["a", "b"], partition_id=partition, fields=TensorDict({"x": t.ones(2, 3)}, batch_size=2))
+        return len(tq.kv_list(partition)[partition])
+
+
+def groups_of(prefix: str, count: int, size: int) -> list[GroupRows]:
+    return [GroupRows(f"{prefix}{g}", tuple(f"{prefix}{g}:{m}" for m in range(size))) for g in range(count)]
+
+
+def rows_for(groups: list[GroupRows], seed: int = 0) -> dict[str, Any]:
+    n = sum(len(g.sample_ids) for g in groups)
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "tokens": torch.randint(0, 50_000, (n, 16), generator=gen),
+        "reward": torch.rand(n, generator=gen),
+        "response": [torch.arange(1 + (i % 4)) for i in range(n)],
+        "text": [f"answer {i}" for i in range(n)],
+    }
+
+
+# -- order is structural -----------------------------------------------------------------------------
+
+
+def test_a_connect_only_client_cannot_be_built_without_a_restore_token(planes: Planes) -> None:
+    boot = planes.pristine()
+    with pytest.raises(TypeError, match="connect\\(token\\)"):
+        ConnectOnlyDataPlane()
+    with pytest.raises(TypeError, match="issued only by BootstrapDataPlane.load_checkpoint"):
+        DataPlaneToken("0" * 32, "fresh", None)
+    with pytest.raises(TypeError, match="needs the DataPlaneToken"):
+        ConnectOnlyDataPlane.connect("restored")  # type: ignore[arg-type]
+    with pytest.raises(DataPlaneError, match="must first restore \\(load_checkpoint\\) or start_fresh"):
+        boot.list_sample_ids("train")
+    assert boot._used_by is None and boot.state().pristine
+
+
+def test_a_restore_after_another_clients_write_is_refused_naming_what_it_found(planes: Planes, tmp_path: Path) -> None:
+    boot = planes.pristine()
+    intruder = Intruder.remote()  # type: ignore[attr-defined]
+    assert ray.get(intruder.write.remote("intruder"), timeout=120) == 2
+    ray.kill(intruder)
+    with pytest.raises(RestoreRefused) as refused:
+        boot.load_checkpoint(tmp_path / "any")
+    message = str(refused.value)
+    assert "not pristine" in message and "partition 'intruder' holds 2 rows" in message
+    assert "storage unit TransferQueueStorageUnit#" in message
+    with pytest.raises(RestoreRefused, match="already used \\(load_checkpoint\\)"):
+        boot.start_fresh()
+
+
+# -- rows --------------------------------------------------------------------------------------------
+
+
+def test_groups_are_put_read_back_overwritten_and_cleared(planes: Planes) -> None:
+    _, client = planes.live()
+    groups = groups_of("a", 3, 4)
+    fields = rows_for(groups)
+    client.put_groups("rows", groups, fields, tags=[{"prompt": i // 4} for i in range(12)])
+
+    ids = ["a1:2", "a0:0", "a2:3"]
+    got = client.read_rows("rows", ids)
+    pos = [6, 0, 11]
+    assert torch.equal(got["tokens"], fields["tokens"][pos])  # dense, not a jagged nested tensor
+    assert torch.equal(got["reward"], fields["reward"][pos])
+    assert isinstance(got["response"], list)
+    assert [r.tolist() for r in got["response"]] == [fields["response"][i].tolist() for i in pos]
+    assert got["text"] == [fields["text"][i] for i in pos]
+    assert client.read_tags("rows", ids)[0] == {"prompt": 1, "tr_group": "a1", "tr_group_size": 4}
+    assert client.list_sample_ids("rows") == sorted(s for g in groups for s in g.sample_ids)
+
+    advantages = torch.linspace(-1, 1, 4)
+    client.update_fields("rows", list(groups[1].sample_ids), {"advantage": advantages})
+    after = client.read_rows("rows", list(groups[1].sample_ids), fields=["advantage", "tokens"])
+    assert torch.equal(after["advantage"], advantages)
+    assert torch.equal(after["tokens"], fields["tokens"][4:8])
+    assert client.list_sample_ids("rows") == sorted(s for g in groups for s in g.sample_ids)
+
+    client.clear_groups("rows", [groups[0], groups[2]])
+    assert client.list_sample_ids("rows") == list(groups[1].sample_ids)
+    with pytest.raises(DataPlaneError, match="not stored in 'rows'"):
+        client.read_rows("rows", ["a0:0"])
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda c, g: c.update_fields("whole", ["w0:0", "w0:1"], {"x": torch.ones(2)}), "partial: {'w0': '2 of 4'}"),
+        (lambda c, g: c.clear_groups("whole", [GroupRows("w0", ("w0:0",))]), "partial: {'w0': '1 of 4'}"),
+        (lambda c, g: c.clear_groups("whole", [GroupRows("w1", g[0].sample_ids)]), "belongs to group 'w0'"),
+        (lambda c, g: c.put_groups("whole", [g[1]], rows_for([g[1]])), "already stored in 'whole'"),
+        (
+            lambda c, g: c.put_groups("whole", groups_of("z", 1, 2), rows_for(groups_of("z", 1, 2)), [{"tr_x": 1}] * 2),
+            "reserved prefix",
+        ),
+        (lambda c, g: c.put_groups("whole", groups_of("y", 1, 2), {"x": torch.ones(3)}), "first dimension must be 2"),
+    ],
+    ids=["partial-update", "partial-clear", "wrong-group", "duplicate-put", "reserved-tag", "wrong-batch"],
+)
+def test_puts_overwrites_and_clears_must_cover_whole_groups(planes: Planes, call: Any, message: str) -> None:
+    _, client = planes.live()
+    groups = groups_of("w", 2, 4)
+    if not client.list_sample_ids("whole"):
+        client.put_groups("whole", groups, rows_for(groups))
+    before = client.inventory("whole")
+    with pytest.raises(DataPlaneError, match=re.escape(message)):
+        call(client, groups)
+    assert client.inventory("whole") == before
+
+
+def test_reused_global_indexes_never_mix_groups(planes: Planes) -> None:
+    _, client = planes.live()
+    first = groups_of("r", 2, 4)
+    client.put_groups("reuse", first, {"v": torch.arange(8.0)})
+    client.clear_groups("reuse", [first[0]])  # frees 4 global indexes; TQ hands them out again
+    later = groups_of("s", 1, 4)
+    client.put_groups("reuse", later, {"v": torch.arange(100.0, 104.0)})
+    assert client.read_rows("reuse", list(first[1].sample_ids))["v"].tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert client.read_rows("reuse", list(later[0].sample_ids))["v"].tolist() == [100.0, 101.0, 102.0, 103.0]
+    assert {t["tr_group"] for t in client.read_tags("reuse", list(later[0].sample_ids))} == {"s0"}
+
+
+# -- snapshot ----------------------------------------------------------------------------------------
+
+
+def test_the_snapshot_stays_within_1_1x_the_live_rows_when_put_256_at_a_time(planes: Planes, tmp_path: Path) -> None:
+    """Guards tq_storage_fix: stock 0.1.11 writes each row's whole put buffer, about 256x here."""
+    _, client = planes.live()
+    batches = [groups_of(f"b{b}-", 32, 8) for b in range(3)]  # 3 puts of 256 rows
+    for b, groups in enumerate(batches):
+        gen = torch.Generator().manual_seed(b)
+        client.put_groups(
+            "blowup",
+            groups,
+            {"tokens": torch.randint(0, 50_000, (256, 512), generator=gen), "logp": torch.randn(256, 512, generator=gen)},
+        )
+    client.clear_groups("blowup", batches[1][:16])  # live rows are not whole put messages any more
+    live_rows = 3 * 256 - 16 * 8
+    raw = live_rows * 512 * (8 + 4)
+
+    files = client.save_checkpoint(tmp_path / "data_plane", {"purpose": "size"})
+    storage = sum(size for rel, size in files.items() if rel.startswith("simple_storage/su_"))
+    total = sum(p.stat().st_size for p in (tmp_path / "data_plane").rglob("*") if p.is_file())
+    assert storage <= 1.1 * raw, f"storage files {storage} bytes for {raw} raw bytes ({storage / raw:.1f}x)"
+    assert total <= 1.1 * raw, f"snapshot {total} bytes for {raw} raw bytes ({total / raw:.2f}x)"
+    client.clear_groups("blowup", [g for groups in batches for g in groups if g not in batches[1][:16]])
+
+
+def test_the_snapshot_sidecar_lists_every_file(planes: Planes, tmp_path: Path) -> None:
+    _, client = planes.live()
+    client.put_groups("side", groups_of("q", 1, 2), {"x": torch.ones(2, 2)})
+    files = client.save_checkpoint(tmp_path / "dp", {"step": 7})
+    sidecar = json.loads((tmp_path / "dp" / dataplane.SIDECAR).read_text())
+    assert sidecar["files"] == files and sidecar["transferqueue"] == "0.1.11" and sidecar["storage_units"] == UNITS
+    assert set(files) >= {"metadata.json", "controller_state.pkl", "simple_storage/storage_unit_info.json"}
+    assert dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
+    with pytest.raises(CheckpointCorrupt, match=f"snapshot has {UNITS} storage units, this TransferQueue 3"):
+        dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=3)
+
+
+def test_loading_through_a_client_that_was_already_used_is_refused(planes: Planes, tmp_path: Path) -> None:
+    boot, client = planes.live()
+    client.list_sample_ids("rows")
+    with pytest.raises(RestoreRefused, match="already used \\(start_fresh\\)"):
+        boot.load_checkpoint(tmp_path)
+    assert not hasattr(client, "load_checkpoint")  # a connect-only client cannot restore at all
+    planes.snapshots()  # written now, while this TransferQueue holds rows, for the tests below
+
+
+def test_a_token_from_another_transferqueue_is_refused(planes: Planes) -> None:
+    _, _ = planes.live()
+    stale = pickle.loads(pickle.dumps(planes.fresh_token))
+    planes.restart()
+    with pytest.raises(DataPlaneError, match="not issued by the TransferQueue running in this Ray cluster"):
+        ConnectOnlyDataPlane.connect(stale)
+
+
+def test_a_failed_load_leaves_the_client_dirty(planes: Planes) -> None:
+    good, bad = planes.snapshots()
+    unit_file = next((bad / "simple_storage").glob("su_0_*.pkl"))
+    boot = planes.pristine()
+    with pytest.raises(CheckpointCorrupt, match=f"{re.escape(str(unit_file))}: truncated"):
+        boot.load_checkpoint(bad)
+    assert boot.state().pristine  # refused before TransferQueue's loader saw anything
+    with pytest.raises(RestoreRefused, match="already used \\(load_checkpoint\\)"):
+        boot.load_checkpoint(good)
+
+
+def test_start_fails_fast_when_ray_lacks_cpu_slots(planes: Planes) -> None:
+    planes.close()
+    started = time.monotonic()
+    with pytest.raises(DataPlaneError, match="needs 9 free Ray CPU slots \\(1 controller \\+ 8 storage units\\)"):
+        BootstrapDataPlane.start(storage_units=8)
+    assert time.monotonic() - started < 10
+
+
+def test_the_storage_fix_refuses_another_transferqueue_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer_queue, "__version__", "0.1.12")
+    with pytest.raises(DataPlaneError, match="transferqueue 0.1.12 is installed but .* relies on 0.1.11"):
+        tq_storage_fix.install()
