@@ -1,0 +1,576 @@
+"""A throwaway Kubernetes control plane on 127.0.0.1: the test bed behind every `cluster` test.
+
+Who calls it: `tests/conftest.py` (the `control_plane` fixture) and people, through
+
+    .venv/bin/python hack/testbed/controlplane.py up [--nodes N]
+
+which prints the admin kubeconfig path and keeps the cluster up until Ctrl-C.
+
+What `ControlPlane.start()` runs, each in its own process group, with free ports and a private directory:
+
+    etcd ──> kube-apiserver (RBAC+Node authz, admin token, service-account issuer and keys, self-signed cert)
+               │
+               ├── CRDs, applied server-side: manifests/crd/*.yaml (ours) and KubeRay's rayjobs, rayclusters,
+               │   rayservices from its Go module (never copied into the repo); waited until Established
+               ├── kube-controller-manager (garbage collector, node lifecycle, service accounts, Jobs, ...)
+               ├── kube-scheduler
+               └── kwok, playing the kubelet for the fake nodes annotated `kwok.x-k8s.io/node: fake`
+
+Readiness is waited for (etcd /health, apiserver /readyz, controller-manager and scheduler /healthz, the
+`default` ServiceAccount, every fake node Ready and untainted). `stop()` terminates every process group in
+reverse order; it also runs at interpreter exit, on SIGTERM/SIGHUP, and (through PR_SET_PDEATHSIG) the children
+die with their parent even if it is killed outright (its run directory then stays in $TMPDIR).
+
+The binaries come from `hack/testbed/build.sh` (`make testbed`); this module only finds them. Standard library
+only, so `up` works with any Python 3.11.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import functools
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubeaccess  # hack/testbed/kubeaccess.py: this directory is on sys.path (as a script, or via conftest)
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+PINS_FILE = HERE / "pins.env"
+BINARY_NAMES = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok",
+    "kuberay-operator", "helm",
+)
+KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+WORKDIR_PREFIX = "trun-cp-"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+# Node heartbeats: kwok renews each node's Lease every lease/4 = 5 s; the node lifecycle controller calls a node
+# Unknown (NotReady) 30 s after the last renewal. Six missed renewals on a busy 2-core machine before a flap.
+KWOK_NODE_LEASE_SECONDS = 20
+NODE_MONITOR_GRACE = "30s"
+
+
+class TestbedError(RuntimeError):
+    """The test bed could not start or answer; the message names the component and shows its log tail."""
+
+
+class MissingBinaries(TestbedError):
+    """The pinned binaries are not built; `make testbed` builds them (retrying helps only after that)."""
+
+
+class KubectlError(TestbedError):
+    """A kubectl command exited non-zero; the message carries the command and its stderr."""
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines, `#` comments and blank lines ignored (the format of pins.env and paths.env)."""
+    values: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def pin_set(pins: dict[str, str]) -> str:
+    """The cache directory name for one set of pins; build.sh derives the same name."""
+    return (f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
+            f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}")
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("TESTBED_CACHE") or Path.home() / ".cache" / "trainingrun")
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are."""
+
+    bin_dir: Path
+    kuberay_module_dir: Path
+    versions: dict[str, str]
+
+    def path(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    @classmethod
+    def locate(cls, cache: Path | None = None) -> Binaries:
+        """Finds this checkout's pin set in the cache, or raises MissingBinaries saying what to run."""
+        pins = read_env_file(PINS_FILE)
+        bin_dir = (cache or default_cache()) / "bin" / pin_set(pins)
+        missing = [n for n in (*BINARY_NAMES, "paths.env") if not (bin_dir / n).is_file()]
+        if missing:
+            raise MissingBinaries(
+                f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
+                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores).")
+        paths = read_env_file(bin_dir / "paths.env")
+        kuberay = Path(paths["KUBERAY_MODULE_DIR"])
+        if not (kuberay / "config" / "crd" / "bases").is_dir():
+            raise MissingBinaries(f"KubeRay module not found at {kuberay} (module cache cleaned?). Run `make testbed`.")
+        return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
+
+
+def default_crd_paths(binaries: Binaries) -> list[Path]:
+    """Ours (every YAML in manifests/crd/) and KubeRay's three CRDs from its module."""
+    ours = sorted((REPO_ROOT / "manifests" / "crd").glob("*.yaml"))
+    bases = binaries.kuberay_module_dir / "config" / "crd" / "bases"
+    return [*ours, *(bases / name for name in KUBERAY_CRDS)]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: PR_SET_PDEATHSIG(SIGKILL), so no component outlives a test process that was killed outright.
+    SIGKILL, not SIGTERM: a kube-apiserver whose etcd is gone hangs in its graceful shutdown."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass
+class Process:
+    """One component, running in its own process group, logging to a file in the run directory."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    stopped: bool = False  # stopped on purpose (a test killing a node's kwok), so not a crash
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopped = True
+        if self.popen.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.popen.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def fake_node(name: str, *, cpu: str = "32", memory: str = "256Gi", pods: str = "110",
+              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+              taints: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
+    """A Node object for kwok to play, with capacity and allocatable in its status (kept on create)."""
+    resources = {"cpu": cpu, "memory": memory, "pods": pods}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                       "type": "kwok", **(labels or {})},
+        },
+        "spec": {"taints": list(taints)},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+_LIVE: set[ControlPlane] = set()
+_handlers_installed = False
+
+
+def _stop_live() -> None:
+    for plane in list(_LIVE):
+        plane.stop()
+
+
+def _on_fatal_signal(signum: int, _frame: object) -> None:
+    _stop_live()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_handlers() -> None:
+    """atexit always; SIGTERM/SIGHUP only where nobody else handles them. SIGINT stays Python's
+    KeyboardInterrupt, which unwinds through fixtures and context managers to `stop()`."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(_stop_live)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, _on_fatal_signal)
+
+
+@dataclass(eq=False)
+class ControlPlane:
+    """etcd, kube-apiserver, controller manager, scheduler and kwok on loopback, for one test session."""
+
+    binaries: Binaries = field(default_factory=Binaries.locate)
+    nodes: int = 1
+    crd_paths: Sequence[Path] | None = None
+    keep_workdir: bool = field(default_factory=lambda: os.environ.get("TESTBED_KEEP") == "1")
+
+    workdir: Path = field(init=False)
+    server: str = field(init=False, default="")
+    admin_token: str = field(init=False, default="")
+    kubeconfig: Path = field(init=False)
+    ca_file: Path = field(init=False)
+    node_names: list[str] = field(init=False, default_factory=list)
+    startup_seconds: float = field(init=False, default=0.0)
+    processes: list[Process] = field(init=False, default_factory=list)
+    _started: float = field(init=False, default=0.0, repr=False)
+
+    # -- public surface ---------------------------------------------------------------------------------
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.binaries.bin_dir
+
+    @property
+    def kuberay_module_dir(self) -> Path:
+        return self.binaries.kuberay_module_dir
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        self._started = started = time.monotonic()
+        _install_exit_handlers()
+        _LIVE.add(self)
+        _sweep_stale_workdirs()
+        # Short and private: AF_UNIX paths (Ray, later) are limited to 107 bytes.
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        try:
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        log.info("control plane up in %.1fs at %s (kubeconfig %s)", self.startup_seconds, self.server,
+                 self.kubeconfig)
+        return self
+
+    def stop(self) -> None:
+        """Stops every process group, newest first; idempotent."""
+        _LIVE.discard(self)
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        workdir = getattr(self, "workdir", None)
+        if workdir is not None and workdir.exists():
+            if self.keep_workdir:
+                log.warning("test-bed directory kept: %s", workdir)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Runs the pinned kubectl against this cluster (admin by default); raises KubectlError if check."""
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+               "KUBECACHEDIR": str(self.workdir / "kube-cache")}
+        command = [str(self.binaries.path("kubectl")), *args]
+        result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, env=env)
+        if check and result.returncode != 0:
+            raise KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+        return result
+
+    def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
+                content_type: str = "application/json") -> tuple[int, Any]:
+        """One raw API request (admin token unless `token`); returns (HTTP status, decoded body)."""
+        return kubeaccess.https_json(method, self.server + path, token=token or self.admin_token, body=body,
+                           context=ssl.create_default_context(cafile=str(self.ca_file)), content_type=content_type)
+
+    def service_account_kubeconfig(self, namespace: str, name: str, *, expiration_seconds: int = 3600,
+                                   audiences: Sequence[str] | None = None) -> Path:
+        """A kubeconfig whose token was minted for `namespace/name` through the TokenRequest API."""
+        out = self.workdir / f"kubeconfig-sa-{namespace}-{name}-{uuid.uuid4().hex[:6]}"
+        return kubeaccess.kubeconfig_for_service_account(
+            namespace, name, server=self.server, ca_file=self.ca_file, admin_token=self.admin_token, out=out,
+            expiration_seconds=expiration_seconds, audiences=audiences)
+
+    def api_client(self, kubeconfig: Path | None = None) -> Any:
+        """A `kubernetes.client.ApiClient` for this cluster (admin unless `kubeconfig`); needs the kubernetes
+        package, which this module otherwise does without."""
+        from kubernetes import config  # a test dependency, not one of this module's
+
+        path = str(kubeconfig or self.kubeconfig)
+        return config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+
+    def create_fake_node(self, name: str, **node_fields: Any) -> dict[str, Any]:
+        """Creates a Node (see `fake_node` for the fields) and returns it as the API server stored it."""
+        status, body = self.request("POST", "/api/v1/nodes", fake_node(name, **node_fields))
+        if status != 201:
+            raise TestbedError(f"creating node {name} returned {status}: {body}")
+        return dict(body)
+
+    def wait_nodes_ready(self, names: Iterable[str], timeout: float = 60.0) -> None:
+        """Until each node is Ready and carries no `node.kubernetes.io/*` taint (so pods can land)."""
+        pending = set(names)
+
+        def ready() -> bool:
+            for name in list(pending):
+                status, node = self.request("GET", f"/api/v1/nodes/{name}")
+                if status == 200 and _node_is_schedulable(node):
+                    pending.discard(name)
+            return not pending
+
+        self._wait(f"nodes {sorted(pending)} Ready (kwok)", ready, timeout, component="kwok")
+
+    def start_kwok(self, *, manage_single_node: str | None = None, name: str = "kwok") -> Process:
+        """A kwok process: for the annotated fake nodes, or for one node (a node whose kubelet can die)."""
+        selector = (["--manage-single-node", manage_single_node] if manage_single_node else
+                    ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"])
+        return self._spawn(name, "kwok", [
+            "--kubeconfig", str(self.kubeconfig), *selector, "--node-ip", "127.0.0.1",
+            "--server-address", "127.0.0.1:0", f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+        ])
+
+    # -- start-up ---------------------------------------------------------------------------------------
+
+    def _start_all(self) -> None:
+        certs = self.workdir / "certs"
+        certs.mkdir()
+        sa_key, sa_pub = self.workdir / "sa.key", self.workdir / "sa.pub"
+        _write_rsa_pair(sa_key, sa_pub)
+        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
+        tokens.chmod(0o600)
+
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self._spawn("etcd", "etcd", [
+            "--name", "default", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ])
+        self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), 30, component="etcd")
+
+        self.server = f"https://127.0.0.1:{api_port}"
+        self._spawn("kube-apiserver", "kube-apiserver", [
+            "--etcd-servers", etcd_url, "--cert-dir", str(certs),
+            "--secure-port", str(api_port), "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--authorization-mode", "RBAC,Node", "--token-auth-file", str(tokens),
+            "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
+            "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
+            "--endpoint-reconciler-type", "none", "--allow-privileged", "--profiling=false",
+        ])
+        insecure = kubeaccess.insecure_context()
+        self._wait("kube-apiserver /readyz",
+                   lambda: kubeaccess.https_json("GET", f"{self.server}/readyz", token=self.admin_token,
+                                       context=insecure, timeout=3)[0] == 200,
+                   60, component="kube-apiserver")
+        # The apiserver writes its self-signed serving certificate (and the CA that signed it) here.
+        self.ca_file = certs / "apiserver.crt"
+        self.kubeconfig = kubeaccess.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
+                                                      ca_file=self.ca_file, user="admin", token=self.admin_token)
+
+        # CRDs before the controller manager, so its garbage collector watches them from its first sync.
+        crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
+        log.info("%d CRDs Established after %.1fs", len(crds), time.monotonic() - self._started)
+
+        common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
+                  "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
+                  "--bind-address", "127.0.0.1"]
+        kcm_port, sched_port = free_port(), free_port()
+        self._spawn("kube-controller-manager", "kube-controller-manager", [
+            *common, "--secure-port", str(kcm_port), "--cert-dir", str(self.workdir / "kcm-certs"),
+            "--controllers", "*", "--service-account-private-key-file", str(sa_key),
+            "--root-ca-file", str(self.ca_file),
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
+            "--kube-api-qps=100", "--kube-api-burst=200",
+        ])
+        self._spawn("kube-scheduler", "kube-scheduler", [
+            *common, "--secure-port", str(sched_port), "--cert-dir", str(self.workdir / "scheduler-certs"),
+        ])
+        self.start_kwok()
+        self.node_names = [f"kwok-node-{i}" for i in range(self.nodes)]
+        for name in self.node_names:
+            self.create_fake_node(name)
+
+        for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
+            healthz = functools.partial(_https_healthy, f"https://127.0.0.1:{port}/healthz", insecure)
+            self._wait(f"{component} /healthz", healthz, 60, component=component)
+        self._wait("serviceaccount default/default (controller manager)",
+                   lambda: self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+                   60, component="kube-controller-manager")
+        self.wait_nodes_ready(self.node_names)
+
+    def install_crds(self, paths: Sequence[Path], timeout: float = 60.0) -> list[str]:
+        """Applies CRD files server-side (large KubeRay schemas exceed the client-side annotation limit) and
+        waits until each is Established; returns the `customresourcedefinition/<name>` names."""
+        if not paths:
+            return []
+        files = [arg for path in paths for arg in ("-f", str(path))]
+        applied = self.kubectl("apply", "--server-side", "--force-conflicts",
+                               "--field-manager=trainingrun-testbed", "-o", "name", *files)
+        names = [line for line in applied.stdout.split() if line.startswith("customresourcedefinition")]
+        if names:
+            self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names,
+                         timeout=timeout + 10)
+        return names
+
+    def _spawn(self, name: str, binary: str, args: list[str]) -> Process:
+        log_path = self.workdir / f"{name}.log"
+        with open(log_path, "wb") as log_file:
+            popen = subprocess.Popen([str(self.binaries.path(binary)), *args], stdin=subprocess.DEVNULL,
+                                     stdout=log_file, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        process = Process(name=name, popen=popen, log_path=log_path)
+        self.processes.append(process)
+        return process
+
+    def _wait(self, what: str, probe: Callable[[], bool], timeout: float, *, component: str) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            dead = [p for p in self.processes if not p.stopped and not p.alive()]
+            if dead:
+                p = dead[0]
+                raise TestbedError(f"{p.name} exited with {p.popen.returncode} while waiting for {what}; "
+                                   f"log {p.log_path}:\n{p.log_tail()}")
+            try:
+                if probe():
+                    log.info("%s: ready after %.1fs", what, time.monotonic() - self._started)
+                    return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
+                                  for p in self.processes if p.name == component)
+                raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+
+def _sweep_stale_workdirs() -> None:
+    """Removes run directories left by test processes that were killed outright (their components died with
+    them). A directory is stale when the pid in its owner.pid is gone; one without owner.pid only after a
+    minute (it may be starting right now)."""
+    for workdir in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            owner = int((workdir / "owner.pid").read_text())
+        except (OSError, ValueError):
+            try:
+                if time.time() - workdir.stat().st_mtime > 60:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            except OSError:
+                pass
+            continue
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(workdir, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def _node_is_schedulable(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    taints = node.get("spec", {}).get("taints") or []
+    return ready and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
+
+
+def _https_healthy(url: str, context: ssl.SSLContext) -> bool:
+    return kubeaccess.https_json("GET", url, token=None, context=context, timeout=3)[0] == 200
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=3) as response:
+        return bool(response.status == 200)
+
+
+def _write_rsa_pair(private: Path, public: Path) -> None:
+    """The service-account signing key pair: `cryptography` when installed, else the openssl CLI."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+    except ImportError:
+        subprocess.run(["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)],
+                       check=True, capture_output=True)
+        return
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a control plane, print its kubeconfig, wait for Ctrl-C")
+    up.add_argument("--nodes", type=int, default=1, help="fake kwok nodes (default 1)")
+    up.add_argument("--keep", action="store_true", help="keep the run directory (logs, kubeconfig) afterwards")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        binaries = Binaries.locate()
+    except MissingBinaries as err:
+        print(err, file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    with ControlPlane(binaries, nodes=args.nodes, keep_workdir=args.keep) as plane:
+        print(plane.kubeconfig, flush=True)
+        print(f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "
+              f"export KUBECONFIG={plane.kubeconfig}  (Ctrl-C stops everything)", file=sys.stderr, flush=True)
+        try:
+            while all(p.alive() or p.stopped for p in plane.processes):
+                time.sleep(1)
+            dead = next(p for p in plane.processes if not p.alive() and not p.stopped)
+            print(f"{dead.name} exited; log:\n{dead.log_tail()}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Shared fixtures: the test bed (a real Kubernetes control plane on loopback) and a namespace per test.
+
+`control_plane` (session scope) starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
+from the binaries that `make testbed` built (hack/testbed/controlplane.py does the work), with our CRDs and
+KubeRay's installed. It starts only when a test asks for it, so unit tests never pay for it. When the binaries
+are missing it fails (never skips) and says to run `make testbed`.
+
+The fixture's object (`controlplane.ControlPlane`):
+    .kubeconfig                      admin kubeconfig path (token user in system:masters)
+    .kubectl(*args, input=None, check=True, timeout=120, kubeconfig=None) -> CompletedProcess[str]
+    .service_account_kubeconfig(namespace, name, expiration_seconds=3600, audiences=None) -> Path
+                                     (token minted through the TokenRequest API)
+    .api_client(kubeconfig=None)     a `kubernetes.client.ApiClient` (admin unless a kubeconfig is given)
+    .bin_dir, .kuberay_module_dir    the pinned binaries; KubeRay's module (config/crd/bases, config/rbac)
+    .server, .ca_file, .admin_token, .node_names, .workdir, .startup_seconds
+    .request(method, path, body=None, token=None) -> (status, body)   one raw API call
+    .create_fake_node(name, ...), .start_kwok(manage_single_node=...), .wait_nodes_ready(names)
+    .install_crds(paths)             server-side apply, waits until Established
+
+`namespace` (function scope): a fresh namespace name whose `default` ServiceAccount exists; deleted after the test.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "testbed"))
+
+import controlplane  # noqa: E402  (hack/testbed is not a package; it is put on sys.path just above)
+
+TESTBED_NODES = 2
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[controlplane.ControlPlane]:
+    try:
+        binaries = controlplane.Binaries.locate()
+    except controlplane.MissingBinaries as err:
+        pytest.fail(str(err), pytrace=False)
+    plane = controlplane.ControlPlane(binaries, nodes=TESTBED_NODES)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def namespace(control_plane: controlplane.ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{uuid.uuid4().hex[:5]}"
+    control_plane.kubectl("create", "namespace", name)
+    control_plane.kubectl("label", "namespace", name, "trainingrun.dev/testbed=true")
+    deadline = time.monotonic() + 30
+    # Pods need the namespace's `default` ServiceAccount, which the controller manager creates shortly after.
+    while control_plane.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
+        if time.monotonic() > deadline:
+            pytest.fail(f"serviceaccount {name}/default never appeared (is the controller manager running?)")
+        time.sleep(0.1)
+    try:
+        yield name
+    finally:
+        control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
