@@ -2,6 +2,8 @@
 
     trainingrun operator [--namespace NS ...] [--liveness URL] [--peering NAME] [--kubeconfig FILE]
         the operator (kopf), as the chart's Deployment runs it
+    trainingrun run FILE [--root DIR] [--chaos]
+        one TrainingRun on this machine, without Kubernetes (local.py), same decision core
 
 kopf and the Kubernetes client are imported only by `trainingrun operator`, so local mode needs neither.
 """
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import pathlib
 import sys
 import threading
 import warnings
@@ -72,6 +75,12 @@ def _operator_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_command(args: argparse.Namespace) -> int:
+    from trainingrun_operator import local
+
+    return local.run_file(pathlib.Path(args.file), root=pathlib.Path(args.root), chaos=args.chaos, seed=args.chaos_seed)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainingrun", description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING (env LOG_LEVEL)")
@@ -86,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("--context", default=None)
     op.set_defaults(func=_operator_command)
 
+    run = sub.add_parser("run", help="run a TrainingRun YAML on this machine (no Kubernetes)")
+    run.add_argument("file", help="a TrainingRun YAML, e.g. manifests/examples/tiny.yaml")
+    run.add_argument("--root", default="runs", help="checkpoints in ROOT/<run>/step_N/, status in ROOT/<run>/status.json")
+    run.add_argument("--chaos", action="store_true", help="kill the driver at random moments to show a resume")
+    run.add_argument("--chaos-seed", type=int, default=None, help=argparse.SUPPRESS)
+    run.set_defaults(func=_run_command)
     return parser
 
 

@@ -1,0 +1,447 @@
+"""Local backend: one TrainingRun on this machine, without Kubernetes, driven by the same decision core.
+
+    trainingrun run FILE [--root DIR] [--chaos]
+
+Every TICK seconds the supervisor does what the operator does on a cluster, with a driver process standing in
+for the RayJob:
+
+    read DIR/<run>/attempts/<N>/runtime.json  ──► status.runtime   (the driver's file reporter; fenced by attempt)
+    observe the attempt's driver process      ──► AttemptObservation(backend="local")
+    decision.decide(...)                      ──► write DIR/<run>/status.json (same shape as the CR status)
+    act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` in its own process group
+         DeleteRayJob   -> kill that process group (its local Ray goes with it)
+         EnsureIdentity -> nothing (no API server)
+         Event          -> the console and DIR/<run>/events.jsonl
+    until Succeeded or Failed; then DIR/<run>/reward.png (reward per step, attempts marked).
+
+Re-running the same command resumes: status.json is read back, and an attempt whose process is not ours (the
+previous supervisor stopped) ends as Preempted, so the next attempt resumes from the recorded checkpoint.
+`--chaos` SIGKILLs the driver at random moments, each time after the attempt recorded a new checkpoint, to show
+a resume; those kills are classified as preemptions (they are not the program's fault).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TextIO
+
+import yaml
+
+from trainingrun_operator import decision, model, patching, validation
+from trainingrun_operator.observation import AttemptObservation, PodObservation
+from trainingrun_operator.phases import TERMINAL, Phase
+
+__all__ = ["Chaos", "DriverProcess", "LocalRun", "load_run", "read_rewards", "run_file"]
+
+logger = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.25
+MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
+KILL_GRACE_SECONDS = 10.0
+_REWARD_LINE = re.compile(r"step (\d+): reward (-?[0-9.]+(?:e-?\d+)?)")
+
+
+def load_run(path: pathlib.Path) -> model.TrainingRun:
+    """The first TrainingRun in a YAML file, validated like the CRD would (pydantic mirror)."""
+    for doc in yaml.safe_load_all(path.read_text()):
+        if isinstance(doc, dict) and doc.get("kind") == model.KIND:
+            doc = {**doc, "status": None}
+            return model.TrainingRun.model_validate(doc)
+    raise SystemExit(f"{path}: no TrainingRun found")
+
+
+def _write_json_atomically(path: pathlib.Path, value: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as out:
+        json.dump(value, out, indent=2, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return None  # never torn (the reporter renames), but a hand-edited file must not crash the supervisor
+    return value if isinstance(value, dict) else None
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids whose environment has MARKER_ENV=marker: the driver and everything it started, Ray included.
+
+    Ray starts its GCS, raylet and workers in sessions of their own, so the driver's process group is not
+    enough to know that an attempt is gone; the environment is inherited by all of them. Linux (/proc) only;
+    elsewhere the list is empty and the process group alone is used.
+    """
+    wanted = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as env:
+                    if wanted in env.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@dataclasses.dataclass
+class DriverProcess:
+    """One attempt's driver and every process it started (its process group, and all that carry its marker)."""
+
+    attempt: int
+    popen: subprocess.Popen[bytes]
+    log_path: pathlib.Path
+    marker: str = ""
+    killed_by: str = ""  # set when we killed it: "ChaosKill" or "Stopped"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll()
+
+    def group_alive(self) -> bool:
+        """Any process of this attempt still exists (the 'pods' of a local attempt)."""
+        self.popen.poll()  # reap the driver itself, so a dead driver is not counted as a zombie
+        if self.marker and marked_processes(self.marker):
+            return True
+        try:
+            os.killpg(self.popen.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def kill(self, why: str) -> None:
+        """SIGKILL every process of the attempt (no grace: a preempted node gives none either)."""
+        self.killed_by = self.killed_by or why
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        for pid in marked_processes(self.marker) if self.marker else []:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 8192))
+                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+@dataclasses.dataclass
+class Chaos:
+    """Kills the driver at random, at most `max_kills` times, each only after the attempt saved a checkpoint."""
+
+    rng: random.Random
+    max_kills: int = 2
+    min_delay: float = 0.5
+    max_delay: float = 4.0
+    kills: int = 0
+    due: float | None = None
+    armed_for: int = 0
+
+    def tick(self, proc: DriverProcess | None, report: Mapping[str, Any] | None, now: float) -> bool:
+        """True when `proc` should be killed now."""
+        if proc is None or self.kills >= self.max_kills or proc.exit_code() is not None:
+            return False
+        checkpoint = (report or {}).get("lastCheckpoint") or {}
+        saved_here = (report or {}).get("attempt") == proc.attempt and checkpoint.get("attempt") == proc.attempt
+        if not saved_here:
+            return False
+        if self.armed_for != proc.attempt:
+            self.armed_for, self.due = proc.attempt, now + self.rng.uniform(self.min_delay, self.max_delay)
+        if self.due is not None and now >= self.due:
+            self.kills += 1
+            self.due = None
+            return True
+        return False
+
+
+def read_rewards(run_dir: pathlib.Path) -> dict[int, list[tuple[int, float]]]:
+    """attempt -> [(step, reward)] from the drivers' logs ('step N: reward R' lines)."""
+    found: dict[int, list[tuple[int, float]]] = {}
+    for log_path in sorted(run_dir.glob("attempts/*/driver.log")):
+        attempt = int(log_path.parent.name)
+        text = log_path.read_text(errors="replace")
+        found[attempt] = [(int(m.group(1)), float(m.group(2))) for m in _REWARD_LINE.finditer(text)]
+    return found
+
+
+class LocalRun:
+    """Supervises one TrainingRun under DIR/<run>/ until it succeeds or fails."""
+
+    def __init__(
+        self,
+        run: model.TrainingRun,
+        root: pathlib.Path,
+        *,
+        chaos: Chaos | None = None,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+        driver: tuple[str, ...] = (sys.executable, "-m", "trainingrun_runtime"),
+        console: TextIO | None = None,
+    ) -> None:
+        self.run = run
+        self.name = run.metadata.name
+        self.root = root.resolve()
+        self.dir = self.root / self.name
+        self.chaos = chaos
+        self.clock = clock
+        self.driver = driver
+        self.console = console or sys.stderr
+        self.procs: dict[int, DriverProcess] = {}
+        self.status: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------------------------------- state
+
+    def load_status(self) -> None:
+        """status.json from a previous invocation, made ready to continue."""
+        previous = _read_json(self.dir / "status.json") or {}
+        if previous.get("phase") == Phase.FAILED.value:
+            # A new invocation after a failure is a new try: keep history and checkpoints, reset the verdict.
+            for key in ("phase", "reason", "message", "completionTime", "nextAttemptTime", "consecutiveFailures"):
+                previous.pop(key, None)
+            previous.pop("conditions", None)
+        self.status = previous
+
+    def save_status(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomically(self.dir / "status.json", self.status)
+
+    def current_attempt(self) -> int:
+        return int((self.status.get("attempt") or {}).get("number", 0))
+
+    def fold_report(self) -> None:
+        """The current attempt's runtime.json becomes status.runtime (as the driver's merge patch would)."""
+        number = self.current_attempt()
+        report = _read_json(self.dir / "attempts" / str(number) / "runtime.json") if number else None
+        if report is not None:
+            self.status["runtime"] = report
+
+    # -------------------------------------------------------------------------------------- observe
+
+    def observe(self) -> AttemptObservation:
+        number = self.current_attempt()
+        proc = self.procs.get(number)
+        others = sum(1 for n, p in self.procs.items() if n != number and p.group_alive())
+        if proc is None:
+            if number and Phase(self.status.get("phase") or "Pending") in (Phase.STARTING, Phase.RUNNING):
+                gone = PodObservation(name="driver", node_type="head", disruption="SupervisorRestarted")
+                return AttemptObservation(number=number, backend="local", departed=(gone,), other_pods=others)
+            return AttemptObservation(number=number, backend="local", other_pods=others)
+        code = proc.exit_code()
+        alive = proc.group_alive()
+        pod = PodObservation(
+            name=f"driver-{proc.pid}", node_type="head",
+            phase="Running" if code is None else ("Succeeded" if code == 0 else "Failed"),
+            deleting=code is not None,
+        )
+        departed = (dataclasses.replace(pod, disruption=proc.killed_by),) if proc.killed_by else ()
+        return AttemptObservation(
+            number=number,
+            backend="local",
+            pods=(pod,) if (code is None or alive) else (),
+            departed=departed,
+            other_pods=others,
+            exit_code=code if not proc.killed_by else None,
+            stderr_tail=proc.stderr_tail() if code not in (None, 0) else "",
+        )
+
+    # ------------------------------------------------------------------------------------------ act
+
+    def spawn(self, action: decision.CreateAttempt) -> None:
+        config = validation.runtime_config(self.run.spec).model_dump(mode="json", by_alias=True)
+        attempt_dir = self.dir / "attempts" / str(action.number)
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        log_path = attempt_dir / "driver.log"
+        argv = [
+            *self.driver,
+            "--run", self.name,
+            "--namespace", "local",
+            "--attempt", str(action.number),
+            "--resume", "latest" if action.resume is None else str(action.resume),
+            "--root", str(self.root),
+            "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
+            "--reporter", "file",
+        ]
+        marker = f"{self.dir}#{action.number}#{os.getpid()}"
+        env = {**os.environ, MARKER_ENV: marker}
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.procs[action.number] = DriverProcess(action.number, popen, log_path, marker)
+        logger.debug("attempt %d: pid %d: %s", action.number, popen.pid, " ".join(argv[:12]))
+
+    def act(self, action: decision.Action) -> None:
+        if isinstance(action, decision.CreateAttempt):
+            if action.number not in self.procs:
+                self.spawn(action)
+        elif isinstance(action, decision.DeleteRayJob):
+            for proc in self.procs.values():
+                if proc.group_alive():
+                    proc.kill("Stopped")
+        elif isinstance(action, decision.Event):
+            self.event(action)
+
+    def event(self, event: decision.Event) -> None:
+        now = decision.rfc3339(self.clock())
+        with open(self.dir / "events.jsonl", "a") as out:
+            out.write(json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n")
+        print(f"{now} {event.type:7} {event.reason}: {event.message}", file=self.console, flush=True)
+
+    # ----------------------------------------------------------------------------------------- loop
+
+    def step(self) -> decision.Decision:
+        """One supervisor pass."""
+        self.fold_report()
+        if self.chaos is not None:
+            proc = self.procs.get(self.current_attempt())
+            if self.chaos.tick(proc, self.status.get("runtime"), time.monotonic()):
+                assert proc is not None
+                self.event(decision.Event("Warning", "ChaosKill", f"--chaos: SIGKILL to attempt {proc.attempt}'s driver (pid {proc.pid})"))
+                proc.kill("ChaosKill")
+        result = decision.decide(
+            decision.Inputs(
+                run=self.name,
+                namespace="local",
+                generation=1,
+                spec=self.run.spec,
+                status=model.TrainingRunStatus.model_validate(self.status),
+                observed=self.observe(),
+                now=self.clock(),
+            )
+        )
+        self.status = patching.apply(self.status, result.patch)
+        self.save_status()
+        for action in result.actions:
+            self.act(action)
+        return result
+
+    def supervise(self, on_tick: Callable[[LocalRun], None] | None = None) -> Phase:
+        """Pass after pass until the run is Succeeded or Failed; every driver is gone on return."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.load_status()
+        try:
+            while True:
+                result = self.step()
+                if on_tick is not None:
+                    on_tick(self)
+                if result.phase in TERMINAL:
+                    self.reap()
+                    return result.phase
+                time.sleep(TICK_SECONDS)
+        finally:
+            self.reap()
+
+    def reap(self) -> None:
+        for proc in self.procs.values():
+            if proc.group_alive():
+                proc.kill("Stopped")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(KILL_GRACE_SECONDS)
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+@contextlib.contextmanager
+def _progress(run: LocalRun) -> Iterator[Callable[[LocalRun], None]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = int(run.run.spec.trainer.get("steps", 200))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[extra]}"), TimeElapsedColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(run.name, total=total, extra="")
+        run.console = bar.console.file
+
+        def update(current: LocalRun) -> None:
+            status = current.status
+            runtime = status.get("runtime") or {}
+            rewards = read_rewards(current.dir).get(current.current_attempt()) or []
+            step = max([runtime.get("step") or 0, *(s for s, _ in rewards)])
+            reward = rewards[-1][1] if rewards else runtime.get("reward")
+            latest = ((status.get("checkpoints") or {}).get("latest") or {}).get("step")
+            bar.update(
+                task,
+                completed=step,
+                description=f"{current.name} attempt {current.current_attempt()} {status.get('phase', '')}",
+                extra=f"reward {reward:.3f} ckpt {latest}" if reward is not None else f"ckpt {latest}",
+            )
+
+        yield update
+
+
+def plot_rewards(run_dir: pathlib.Path, status: Mapping[str, Any]) -> pathlib.Path | None:
+    """reward.png: reward per step, one colour per attempt, resume points marked. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed; no reward plot")
+        return None
+    figure, axes = plt.subplots(figsize=(8, 4))
+    for attempt, points in sorted(read_rewards(run_dir).items()):
+        if points:
+            axes.plot([s for s, _ in points], [r for _, r in points], marker=".", label=f"attempt {attempt}")
+    for record in status.get("attempts") or []:
+        if record.get("resumedFrom") is not None:
+            axes.axvline(record["resumedFrom"], color="grey", linestyle=":", linewidth=1)
+    axes.set_xlabel("step")
+    axes.set_ylabel("reward")
+    axes.set_title(f"{run_dir.name}: reward per step (dotted: resume points)")
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    out = run_dir / "reward.png"
+    figure.savefig(out, dpi=100)
+    plt.close(figure)
+    return out
+
+
+def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, seed: int | None = None) -> int:
+    """`trainingrun run`: 0 if the run succeeded, 1 if it failed."""
+    run = load_run(path)
+    problem = validation.spec_problem(run.spec)
+    if problem is not None:
+        print(f"{path}: {problem}", file=sys.stderr)
+        return 2
+    local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None)
+    previous = _read_json(local.dir / "status.json") or {}
+    if previous.get("phase") == Phase.SUCCEEDED.value:
+        print(f"{run.metadata.name} already succeeded (see {local.dir / 'status.json'})", file=sys.stderr)
+        return 0
+    with _progress(local) as update:
+        phase = local.supervise(update)
+    status = local.status
+    plot = plot_rewards(local.dir, status)
+    latest = ((status.get("checkpoints") or {}).get("latest") or {}).get("step")
+    print(
+        f"{run.metadata.name}: {phase.value} after {len(status.get('attempts') or [])} attempt(s), "
+        f"newest checkpoint step {latest}; status {local.dir / 'status.json'}" + (f", plot {plot}" if plot else ""),
+        file=sys.stderr,
+    )
+    return 0 if phase is Phase.SUCCEEDED else 1
