@@ -41,23 +41,17 @@ async def operate(
     resync_seconds: float | None = None,
 ) -> None:
     """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this)."""
-    import kopf
-
     from trainingrun_operator import handlers
 
-    memo = handlers.Memo(api=api)
-    if resync_seconds is not None:
-        memo.resync_seconds = resync_seconds
-    await kopf.operator(
-        standalone=peering is None,
-        peering_name=peering,
+    await handlers.run(
+        api,
+        namespaces=namespaces,
+        liveness=liveness,
+        peering=peering,
         priority=priority,
-        liveness_endpoint=liveness,
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
-        memo=memo,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
+        resync_seconds=resync_seconds,
     )
 
 

@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import kopf
 
 from trainingrun_operator import apiclient, departures, errors, model, naming, observation, reconciler, wakeups
 
-__all__ = ["FINALIZER", "PREFIX", "Memo"]
+__all__ = ["FINALIZER", "PREFIX", "Memo", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,3 +154,31 @@ async def cleanup(name: str, namespace: str | None, memo: Any, **_: Any) -> None
     memo.wakeups.forget(namespace, name)
     memo.departures.forget(namespace, name)
     logger.info("%s/%s deleted; removed RayJobs %s, kept checkpoints", namespace, name, deleted or "none")
+
+
+async def run(
+    api: apiclient.Api,
+    *,
+    namespaces: Sequence[str] = (),
+    liveness: str | None = None,
+    peering: str | None = None,
+    priority: int = 0,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    resync_seconds: float | None = None,
+) -> None:
+    """Run kopf with the handlers above until `stop_flag` is set. No namespaces: every namespace."""
+    memo = Memo(api=api)
+    if resync_seconds is not None:
+        memo.resync_seconds = resync_seconds
+    await kopf.operator(
+        standalone=peering is None,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=liveness,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        memo=memo,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
