@@ -273,6 +273,7 @@ class SingleController:
             self.rewards.append(reward)
             await self._sync_weights()
             done = a.sampler.step
+            a.event_log.emit("step_done", step=done, reward=reward)
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:

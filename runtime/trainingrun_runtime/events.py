@@ -1,7 +1,8 @@
 """The event log: the order in which setup and the controller built and did things.
 
-    driver setup:  ray_started, tq_started, tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
-    controller:    client_connected, buffer_built, index_restored, pumps_started, checkpoint_committed, finished
+    driver setup:  driver_started, checkpoint_selected, ray_started, tq_started, tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
+    controller:    client_connected, buffer_built, index_restored, pumps_started, step_done (per step, with
+                   the mean reward), checkpoint_committed, finished
 
 Each event is one JSON line appended (O_APPEND, one write) to a file shared by the
 driver and the controller actor, with the process id and a wall-clock time; tests
