@@ -122,6 +122,11 @@ def rfc3339(when: datetime.datetime) -> str:
     return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_ms(when: datetime.datetime) -> str:
+    """UTC timestamp with milliseconds (2025-01-02T03:04:05.678Z): for deadlines shorter than a second."""
+    return when.astimezone(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _parse_time(text: str | None) -> datetime.datetime | None:
     if not text:
         return None
@@ -299,14 +304,14 @@ class _Pass:
             self.fail("BudgetExhausted", f"{failure.value}: {outcome.detail}; {charged.exhausted}")
         else:
             wake = self.inputs.now + datetime.timedelta(seconds=charged.delay_seconds)
-            self.update(next_attempt_time=rfc3339(wake))
+            self.update(next_attempt_time=rfc3339_ms(wake))
             self.move(
                 Phase.RESTARTING,
                 failure.value,
                 f"attempt {number} ended ({outcome.detail}); next attempt in {charged.delay_seconds:g}s",
             )
             self.emit("Normal", "Restarting", self.message)
-            self.wait(POLL_SECONDS)
+            self.wait(min(POLL_SECONDS, charged.delay_seconds))
 
     def _mark_bad_resume_point(self) -> bool:
         """Record the step this attempt failed to restore as bad; False if there is no step to blame."""

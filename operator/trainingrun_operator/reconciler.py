@@ -16,6 +16,7 @@ whose objects may be missing (the next pass creates them under the same names). 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Mapping
@@ -77,9 +78,12 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRu
     meta = run.metadata
     namespace, uid = meta.namespace or "default", meta.uid or ""
     if isinstance(action, decision.EnsureIdentity):
-        await api.create_service_account(identity.build_service_account(meta.name, namespace, uid))
-        await api.create_role(identity.build_role(meta.name, namespace, uid))
-        await api.create_role_binding(identity.build_role_binding(meta.name, namespace, uid))
+        # Independent objects: created concurrently (each 409 adopts); all exist before the RayJob is created.
+        await asyncio.gather(
+            api.create_service_account(identity.build_service_account(meta.name, namespace, uid)),
+            api.create_role(identity.build_role(meta.name, namespace, uid)),
+            api.create_role_binding(identity.build_role_binding(meta.name, namespace, uid)),
+        )
     elif isinstance(action, decision.CreateAttempt):
         body = rayjob.build_rayjob(meta.name, namespace, uid, action.number, action.resume, run.spec)
         try:

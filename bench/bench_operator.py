@@ -1,0 +1,342 @@
+"""Benchmark (not a test): the operator's reaction times and memory against a real API server, side by side with
+KubeRay's own controller and with a bare kopf handler, measured in one run on one test bed.
+
+What it measures (every latency from the moment the client sends the create/patch to the moment a watch on the
+same API server sees the resulting object; all three paced alike, `--rate` objects per second):
+
+- apply -> RayJob: a TrainingRun is created; our operator (`trainingrun operator`, a subprocess) creates the
+  attempt's RayJob. p50 and p99 over `--runs` runs.
+- the peer, KubeRay's RayJob -> RayCluster: the real KubeRay v1.5.0 operator (from the test bed) creates the
+  RayCluster of each of `--runs` RayJobs.
+- the floor of the framework: a bare kopf operator whose only handler creates one ConfigMap per custom object.
+- failure -> next RayJob, beyond the backoff: a RayJob is marked failed (as KubeRay does: Failed/AppFailed);
+  the time until the next attempt's RayJob appears, minus the configured backoff (0.5 s). One at a time.
+- operator RSS (VmRSS of the process) with 200 and with 500 TrainingRuns supervised.
+
+Goals (issue 5): apply p99 <= 2x KubeRay's p99 in the same run; failure -> next within 200 ms beyond the
+backoff; RSS < 200 MB at 500 runs. The ratios are printed and merged into `bench-results.json` at the
+repository root under "operator" (read-modify-write; other benchmarks keep their keys).
+
+Run: `.venv/bin/python bench/bench_operator.py [--runs 200] [--total 500] [--failures 20] [--rate 50]`
+(needs the test bed: `make testbed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.client
+import kubernetes.watch
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench-results.json"
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+
+import controlplane  # noqa: E402  (hack/testbed is not a package)
+
+BACKOFF_SECONDS = 0.5
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Seen:
+    """A watch in a thread: the first time (perf_counter) each object name was seen."""
+
+    def __init__(self, list_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.first: dict[str, float] = {}
+        self._watch = kubernetes.watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(list_fn, args, kwargs), daemon=True)
+        self._thread.start()
+        time.sleep(0.5)  # the watch is established before anything is created
+
+    def _run(self, list_fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        with contextlib.suppress(Exception):  # the stream ends with an error when stop() closes it
+            for event in self._watch.stream(list_fn, *args, **kwargs):
+                obj = event["object"]
+                name = obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
+                self.first.setdefault(name, time.perf_counter())
+
+    def wait_for(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(n not in self.first for n in names):
+            if time.monotonic() > deadline:
+                missing = [n for n in names if n not in self.first]
+                raise TimeoutError(f"{len(missing)} never seen, e.g. {missing[:3]}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+def paced(names: list[str], rate: float, create: Callable[[str], None]) -> dict[str, float]:
+    """Create one object per name at `rate` per second; returns the send time (perf_counter) of each."""
+    sent: dict[str, float] = {}
+    start = time.perf_counter()
+    for i, name in enumerate(names):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        sent[name] = time.perf_counter()
+        create(name)
+    return sent
+
+
+def latencies_ms(sent: dict[str, float], seen: Seen, key: Callable[[str], str]) -> list[float]:
+    return [(seen.first[key(name)] - t) * 1000 for name, t in sent.items()]
+
+
+@contextlib.contextmanager
+def process(argv: list[str], env: dict[str, str], log: pathlib.Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def namespace(plane: Any, name: str) -> str:
+    plane.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while plane.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no default ServiceAccount in {name}")
+        time.sleep(0.1)
+    return name
+
+
+def training_run(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "tiny.yaml").read_text())
+    doc["metadata"] = {"name": name}
+    doc["spec"]["restartPolicy"] = {
+        "failureBudget": 3,
+        "backoff": {"initialSeconds": BACKOFF_SECONDS, "maxSeconds": BACKOFF_SECONDS, "factor": 1},
+    }
+    return dict(doc)
+
+
+def bare_rayjob(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
+        "spec": {
+            "entrypoint": "python -c 'print(1)'", "submissionMode": "HTTPMode", "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {
+                "containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}}}},
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------- the phases
+
+
+def bench_kuberay(plane: Any, runs: int, rate: float, work: pathlib.Path) -> dict[str, float]:
+    ns = namespace(plane, "bench-kuberay")
+    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
+    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
+    argv = [str(plane.bin_dir / "kuberay-operator"), "--kubeconfig", str(plane.kubeconfig),
+            "--enable-leader-election=false", "--metrics-addr", "0", "--health-probe-bind-address", "0"]
+    with process(argv, env, work / "kuberay.log") as proc:
+        time.sleep(5)  # caches synced
+        seen = Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns, "rayclusters")
+        names = [f"kr{i:03d}" for i in range(runs)]
+        sent = paced(names, rate, lambda n: custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", bare_rayjob(n)))
+
+        def cluster_of(name: str) -> str:
+            while True:  # KubeRay names the cluster <rayjob>-<5 random chars>; read it from the RayJob status
+                status = custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", name).get("status") or {}
+                if status.get("rayClusterName"):
+                    return str(status["rayClusterName"])
+                time.sleep(0.05)
+
+        clusters = {n: cluster_of(n) for n in names}
+        seen.wait_for(list(clusters.values()), timeout=120)
+        values = latencies_ms(sent, seen, clusters.__getitem__)
+        memory = rss_mb(proc.pid)
+        seen.stop()
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "rss_mb": memory}
+
+
+BARE_KOPF = textwrap.dedent('''
+    import kopf, kubernetes
+
+    @kopf.on.startup()
+    def configure(settings, **_):
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        kubernetes.config.load_kube_config()
+
+    @kopf.on.create("bench.trainingrun.dev", "v1", "benchobjects")
+    def create(name, namespace, **_):
+        body = {"metadata": {"name": name}, "data": {"k": "v"}}
+        kubernetes.client.CoreV1Api().create_namespaced_config_map(namespace, body)
+''')
+
+BENCH_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "benchobjects.bench.trainingrun.dev"},
+    "spec": {
+        "group": "bench.trainingrun.dev", "scope": "Namespaced",
+        "names": {"kind": "BenchObject", "plural": "benchobjects", "singular": "benchobject"},
+        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+            "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+    },
+}
+
+
+def bench_bare_kopf(plane: Any, runs: int, rate: float, work: pathlib.Path) -> dict[str, float]:
+    ns = namespace(plane, "bench-kopf")
+    plane.kubectl("apply", "-f", "-", input=json.dumps(BENCH_CRD))
+    plane.kubectl("wait", "--for=condition=Established", "crd/benchobjects.bench.trainingrun.dev", "--timeout=60s")
+    script = work / "bare_kopf.py"
+    script.write_text(BARE_KOPF)
+    client = plane.api_client()
+    custom, core = kubernetes.client.CustomObjectsApi(client), kubernetes.client.CoreV1Api(client)
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    argv = [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns, "--log-format=plain", "-q", str(script)]
+    with process(argv, env, work / "bare_kopf.log") as proc:
+        time.sleep(5)
+        seen = Seen(core.list_namespaced_config_map, ns)
+        names = [f"b{i:03d}" for i in range(runs)]
+        body = lambda n: {"apiVersion": "bench.trainingrun.dev/v1", "kind": "BenchObject", "metadata": {"name": n}}  # noqa: E731
+        sent = paced(names, rate, lambda n: custom.create_namespaced_custom_object("bench.trainingrun.dev", "v1", ns, "benchobjects", body(n)))
+        seen.wait_for(names, timeout=120)
+        values = latencies_ms(sent, seen, lambda n: n)
+        memory = rss_mb(proc.pid)
+        seen.stop()
+    plane.kubectl("delete", "namespace", ns, "--wait=false")
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "rss_mb": memory}
+
+
+def bench_operator(plane: Any, runs: int, total: int, failures: int, rate: float, work: pathlib.Path) -> dict[str, float]:
+    ns = namespace(plane, "bench-operator")
+    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
+    port = controlplane.free_port()
+    argv = [str(ROOT / ".venv" / "bin" / "trainingrun"), "--log-level", "WARNING", "operator",
+            "--kubeconfig", str(plane.kubeconfig), "-n", ns, "--liveness", f"http://127.0.0.1:{port}/healthz"]
+    figures: dict[str, float] = {}
+    with process(argv, dict(os.environ), work / "operator.log") as proc:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("operator liveness endpoint never answered")
+            time.sleep(0.2)
+        jobs = Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns, "rayjobs")
+        create = lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns, "trainingruns", training_run(n))  # noqa: E731
+
+        names = [f"r{i:03d}" for i in range(runs)]
+        sent = paced(names, rate, create)
+        jobs.wait_for([f"{n}-a1" for n in names], timeout=180)
+        values = latencies_ms(sent, jobs, lambda n: f"{n}-a1")
+        figures["apply_p50"], figures["apply_p99"] = percentile(values, 50), percentile(values, 99)
+        time.sleep(5)
+        figures["rss_runs"] = rss_mb(proc.pid)
+
+        beyond = []
+        for name in names[:failures]:
+            failed = {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                                 "message": "Job entrypoint command failed with exit code 1"}}
+            t0 = time.perf_counter()
+            custom.patch_namespaced_custom_object_status("ray.io", "v1", ns, "rayjobs", f"{name}-a1", failed,
+                                                         _content_type="application/merge-patch+json")
+            jobs.wait_for([f"{name}-a2"], timeout=60)
+            beyond.append((jobs.first[f"{name}-a2"] - t0 - BACKOFF_SECONDS) * 1000)
+        figures["failure_p50"], figures["failure_p99"] = percentile(beyond, 50), percentile(beyond, 99)
+
+        more = [f"r{i:03d}" for i in range(runs, total)]
+        paced(more, rate, create)
+        jobs.wait_for([f"{n}-a1" for n in more], timeout=300)
+        time.sleep(10)
+        figures["rss_total"] = rss_mb(proc.pid)
+        jobs.stop()
+    return figures
+
+
+def merge(figures: dict[str, Any]) -> None:
+    current: dict[str, Any] = {}
+    if RESULTS.exists():
+        with contextlib.suppress(json.JSONDecodeError):
+            current = json.loads(RESULTS.read_text())
+    current["operator"] = figures
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, RESULTS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--total", type=int, default=500)
+    parser.add_argument("--failures", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=50.0, help="creations per second, for all three")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp, controlplane.ControlPlane(nodes=1) as plane:
+        work = pathlib.Path(tmp)
+        kuberay = bench_kuberay(plane, args.runs, args.rate, work)
+        ours = bench_operator(plane, args.runs, args.total, args.failures, args.rate, work)
+        bare = bench_bare_kopf(plane, args.runs, args.rate, work)
+    figures = {
+        "runs": args.runs,
+        "apply_to_rayjob_p50_ms": round(ours["apply_p50"], 1),
+        "apply_to_rayjob_p99_ms": round(ours["apply_p99"], 1),
+        "kuberay_rayjob_to_raycluster_p50_ms": round(kuberay["p50"], 1),
+        "kuberay_rayjob_to_raycluster_p99_ms": round(kuberay["p99"], 1),
+        "bare_kopf_create_p50_ms": round(bare["p50"], 1),
+        "bare_kopf_create_p99_ms": round(bare["p99"], 1),
+        "apply_p99_vs_kuberay_p99": round(ours["apply_p99"] / kuberay["p99"], 2),
+        "apply_p99_vs_bare_kopf_p99": round(ours["apply_p99"] / bare["p99"], 2),
+        "failure_to_next_rayjob_ms_beyond_backoff": round(ours["failure_p99"], 1),
+        "failure_to_next_rayjob_ms_beyond_backoff_p50": round(ours["failure_p50"], 1),
+        "backoff_seconds": BACKOFF_SECONDS,
+        f"operator_rss_mb_{args.runs}_runs": round(ours["rss_runs"], 1),
+        f"operator_rss_mb_{args.total}_runs": round(ours["rss_total"], 1),
+        "operator_rss_mb_500_runs": round(ours["rss_total"], 1) if args.total == 500 else None,
+        f"kuberay_rss_mb_{args.runs}_rayjobs": round(kuberay["rss_mb"], 1),
+        f"bare_kopf_rss_mb_{args.runs}_objects": round(bare["rss_mb"], 1),
+        "goals": {
+            "apply_p99_vs_kuberay_p99": "<= 2.0",
+            "failure_to_next_rayjob_ms_beyond_backoff": "<= 200",
+            "operator_rss_mb_500_runs": "< 200",
+        },
+    }
+    merge(figures)
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
