@@ -1,0 +1,57 @@
+"""Runs every benchmark under bench/ one after the other and checks `bench-results.json`.
+
+Called by `make bench`. Each `bench_*.py` merges its own figures into `bench-results.json` at the
+repository root as `{benchmark: {figure: value}}`; this runner starts from an empty file, runs them in
+a fixed order, then prints every figure and fails if a figure the architecture names is missing.
+Benchmarks are not tests: they print ratios measured in one run on a shared, noisy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench-results.json"
+ORDER = ["bench_dataplane.py", "bench_grpo.py", "bench_operator.py"]
+REQUIRED = [
+    "dataplane_save_vs_disk",
+    "dataplane_load_vs_disk",
+    "barrier_hold_vs_snapshot",
+    "throughput_with_ckpt_vs_without",
+    "apply_to_rayjob_p99_ms",
+    "kuberay_rayjob_to_raycluster_p99_ms",
+    "failure_to_next_rayjob_ms_beyond_backoff",
+    "operator_rss_mb_500_runs",
+]
+
+
+def main() -> int:
+    RESULTS.write_text("{}\n")
+    failed: list[str] = []
+    for name in ORDER:
+        started = time.monotonic()
+        print(f"== {name}", flush=True)
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / name)], cwd=ROOT)
+        print(f"== {name}: exit {done.returncode} in {time.monotonic() - started:.0f}s", flush=True)
+        if done.returncode != 0:
+            failed.append(name)
+    results = json.loads(RESULTS.read_text())
+    figures = {k: v for bench in results.values() if isinstance(bench, dict) for k, v in bench.items()}
+    print("\n== bench-results.json")
+    for bench, values in results.items():
+        for key, value in (values.items() if isinstance(values, dict) else []):
+            print(f"{bench:>10}  {key:<48} {value}")
+    missing = [k for k in REQUIRED if k not in figures]
+    if missing:
+        print(f"missing figures: {', '.join(missing)}", file=sys.stderr)
+    if failed:
+        print(f"failed benchmarks: {', '.join(failed)}", file=sys.stderr)
+    return 1 if (missing or failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
