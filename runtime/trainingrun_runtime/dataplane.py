@@ -29,10 +29,13 @@ list of objects for non-tensor fields.
 Pitfalls of 0.1.11 handled here: `tq.init` hangs when Ray lacks free CPU slots
 (checked first, and init runs under a timeout); `polling_mode` is on; reads are
 normalized; `tq.close()` is only ever called by the bootstrap client, because
-from an attaching process it kills the shared controller; `tq.load_checkpoint`
+from an attaching process it kills the shared controller; TQ's checkpoint load
 has no guard and is not atomic, so files are checked before it runs, it only
 ever runs on a pristine TQ, and a failure poisons the client (the TQ must be
-restarted). The SimpleStorage checkpoint blow-up is fixed in `tq_storage_fix`.
+restarted). Snapshots use TQ's own layout and its client's controller and
+storage checkpoint calls, run concurrently (`tq.save_checkpoint` and
+`tq.load_checkpoint` run them one after the other). The SimpleStorage
+checkpoint blow-up is fixed in `tq_storage_fix`.
 
 All methods are blocking; async callers use `asyncio.to_thread`. Used by
 `replay_buffer` (puts, clears) and `checkpoint` (list, save, restore).
@@ -40,14 +43,16 @@ All methods are blocking; async callers use `asyncio.to_thread`. Used by
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
 import os
 import secrets
+import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -89,13 +94,11 @@ _CONTROLLER_NAMESPACE: Final = "transfer_queue"
 _UNIT_NAME: Final = "TransferQueueStorageUnit#{}"
 _TOKEN_KEY: Final = "trainingrun_token"
 _UNIT_INFO: Final = "simple_storage/storage_unit_info.json"
+_METADATA_FILE: Final = "metadata.json"  # the names tq.save_checkpoint / tq.load_checkpoint use (0.1.11)
+_CONTROLLER_FILE: Final = "controller_state.pkl"
 _MINT: Final = object()
 
 Batch = Mapping[str, "torch.Tensor | Sequence[Any]"]
-
-
-class _Clash(Exception):
-    """Internal: a put named rows that already exist (nothing of ours to roll back)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,26 +226,24 @@ class DataPlaneClient:
         row_tags = _group_tags(groups, tags)
         data = _to_tensordict(fields, len(ids))
         meta = client.kv_retrieve_meta(ids, partition, create=True)
+        # Every row this client stores carries group tags, so an untagged row was registered just now.
+        current = list(meta.custom_meta)
+        fresh = [i for i, tag in enumerate(current) if not tag]
         try:
             if meta.size != len(ids):
                 raise DataPlaneError(f"put_groups: TQ registered {meta.size} of {len(ids)} keys")
-            # Every row this client stores carries group tags, so a tagged row here existed before.
-            current = list(meta.custom_meta)
             clash = [sid for sid, tag in zip(ids, current, strict=True) if tag]
             if clash:
-                fresh = [i for i, tag in enumerate(current) if not tag]
-                if fresh:
-                    client.clear_samples(meta.select_samples(fresh))
-                raise _Clash(f"put_groups: sample ids already stored in {partition!r}: {clash[:8]}")
+                raise DataPlaneError(f"put_groups: sample ids already stored in {partition!r}: {clash[:8]}")
             meta.update_custom_meta(row_tags)
             client.put(data, metadata=meta)
-        except _Clash as e:
-            raise DataPlaneError(str(e)) from None
         except BaseException as e:
-            self._rollback(client, partition, ids)
-            if isinstance(e, DataPlaneError):
-                raise
-            raise DataPlaneError(f"put_groups into {partition!r} failed and was rolled back: {e}") from e
+            # Undo only what this call registered: never a row that existed before it.
+            if fresh:
+                self._rollback(client, meta.select_samples(fresh), partition)
+            if isinstance(e, Exception) and not isinstance(e, DataPlaneError):
+                raise DataPlaneError(f"put_groups into {partition!r} failed and was rolled back: {e}") from e
+            raise
 
     def update_fields(self, partition: str, sample_ids: Sequence[str], fields: Batch) -> None:
         """Overwrite or add fields on rows that already exist (the advantage stage); never creates rows.
@@ -300,7 +301,8 @@ class DataPlaneClient:
     def inventory(self, partition: str) -> PartitionState | None:
         """Metadata of one partition (rows, tags, fields, consumption), or None if it does not exist."""
         self._begin("inventory")
-        return _partition_state(_controller(), partition)
+        snap = ray.get(_controller().get_partition_snapshot.remote(partition))
+        return None if snap is None else _partition_state(partition, snap)
 
     # -- snapshot -------------------------------------------------------------------------------
 
@@ -316,9 +318,17 @@ class DataPlaneClient:
         if path.exists():
             raise DataPlaneError(f"{path}: already exists; a snapshot is written into a new directory")
         user = json.loads(json.dumps(dict(metadata), allow_nan=False))
+        path.mkdir()
         try:
-            tq.save_checkpoint(path, metadata=user)
+            # What tq.save_checkpoint does, with the controller and the storage units writing concurrently.
+            _both(
+                lambda: self._client.save_controller_checkpoint(str(path / _CONTROLLER_FILE)),
+                lambda: self._client.save_storage_checkpoint(str(path)),
+            )
+            meta = {"storage_saved": True, "user_metadata": user}
+            (path / _METADATA_FILE).write_text(json.dumps(meta, indent=2))
         except Exception as e:
+            shutil.rmtree(path, ignore_errors=True)
             raise DataPlaneError(f"TransferQueue snapshot into {path} failed: {e}") from e
         files = {p.relative_to(path).as_posix(): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
         sidecar = {
@@ -356,23 +366,23 @@ class DataPlaneClient:
         return meta
 
     @staticmethod
-    def _rollback(client: Any, partition: str, ids: list[str]) -> None:
+    def _rollback(client: Any, meta: Any, partition: str) -> None:
         try:
-            meta = client.kv_retrieve_meta(ids, partition, create=False)
-            if meta.size:
-                client.clear_samples(meta)
+            client.clear_samples(meta)
         except Exception:
-            log.exception("rollback of a failed put into %r failed; rows may remain", partition)
+            log.exception("rollback of a failed put into %r failed; %d rows may remain", partition, meta.size)
 
 
 class BootstrapDataPlane(DataPlaneClient):
     """The trainer's client: creates TransferQueue, is the only one that may restore it, and closes it."""
 
-    def __init__(self, *, _mint: object = None, storage_units: int = 0) -> None:
+    def __init__(self, *, _mint: object = None, storage_units: int = 0, conf: Any = None) -> None:
         if _mint is not _MINT:
             raise TypeError("use BootstrapDataPlane.start()")
         super().__init__()
         self._storage_units = storage_units
+        self._conf = conf  # TQ's merged config as stored in its controller; the token nonce goes into it
+        self._units = [ray.get_actor(_UNIT_NAME.format(rank)) for rank in range(storage_units)]
         self._token: DataPlaneToken | None = None
         self._poisoned: str | None = None
 
@@ -413,8 +423,8 @@ class BootstrapDataPlane(DataPlaneClient):
                 "SimpleStorage": {"num_data_storage_units": storage_units, "total_storage_size": capacity},
             },
         }
-        _run_with_timeout(lambda: tq.init(conf), init_timeout_s, "tq.init")
-        self = cls(_mint=_MINT, storage_units=storage_units)
+        final_conf = _run_with_timeout(lambda: tq.init(conf), init_timeout_s, "tq.init")
+        self = cls(_mint=_MINT, storage_units=storage_units, conf=final_conf)
         self._client = tq.get_client()
         log.info("TransferQueue started: %d storage units, capacity %s", storage_units, capacity)
         return self
@@ -433,19 +443,14 @@ class BootstrapDataPlane(DataPlaneClient):
             )
 
     def state(self) -> DataPlaneState:
-        """TransferQueue's global state, whoever wrote it (metadata only)."""
+        """TransferQueue's global state, whoever wrote it (metadata only; a few Ray calls in parallel)."""
         controller = _controller()
-        partitions: dict[str, PartitionState] = {}
-        for pid in sorted(ray.get(controller.list_partitions.remote())):
-            p = _partition_state(controller, pid)
-            if p is not None:
-                partitions[pid] = p
-        keys: dict[str, int] = {}
-        for rank in range(self._storage_units):
-            unit = ray.get_actor(_UNIT_NAME.format(rank))
-            count: Any = ray.get(unit.__ray_call__.remote(_active_key_count))
-            keys[_UNIT_NAME.format(rank)] = int(count)
-        return DataPlaneState(partitions=partitions, storage_keys=keys)
+        names = [_UNIT_NAME.format(rank) for rank in range(self._storage_units)]
+        units: list[Any] = ray.get([u.__ray_call__.remote(_active_key_count) for u in self._units])
+        pids = sorted(ray.get(controller.list_partitions.remote()))
+        snaps = ray.get([controller.get_partition_snapshot.remote(pid) for pid in pids])
+        partitions = {pid: _partition_state(pid, snap) for pid, snap in zip(pids, snaps, strict=True) if snap}
+        return DataPlaneState(partitions=partitions, storage_keys=dict(zip(names, map(int, units), strict=True)))
 
     def start_fresh(self) -> DataPlaneToken:
         """Decide that there is nothing to restore; TransferQueue must be pristine. Returns the token."""
@@ -470,11 +475,15 @@ class BootstrapDataPlane(DataPlaneClient):
             raise RestoreRefused(f"restore from {path} refused: TransferQueue is not pristine: {state.describe()}")
         check_data_plane_dir(path, storage_units=self._storage_units)
         try:
-            tq.load_checkpoint(path)
+            # What tq.load_checkpoint does, with the storage units and the controller loading concurrently.
+            _both(
+                lambda: self._client.load_storage_checkpoint(str(path)),
+                lambda: self._client.load_controller_checkpoint(str(path / _CONTROLLER_FILE)),
+            )
         except Exception as e:
             self._poisoned = f"a restore from {path} failed half-way; TransferQueue is in an unknown state"
             raise DataPlaneError(f"{self._poisoned}: {e}") from e
-        user = json.loads((path / "metadata.json").read_text())["user_metadata"]
+        user = json.loads((path / _METADATA_FILE).read_text())["user_metadata"]
         return Restored(self._issue("restored", str(path)), dict(user))
 
     def close(self) -> None:
@@ -503,10 +512,8 @@ class BootstrapDataPlane(DataPlaneClient):
 
     def _issue(self, decision: str, source: str | None) -> DataPlaneToken:
         token = DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
-        controller = _controller()
-        conf = ray.get(controller.get_config.remote())
-        conf[_TOKEN_KEY] = token.nonce
-        ray.get(controller.store_config.remote(conf))
+        self._conf[_TOKEN_KEY] = token.nonce
+        ray.get(_controller().store_config.remote(self._conf))
         self._token = token
         log.info("data plane ready: %s", token)
         return token
@@ -584,7 +591,7 @@ def check_data_plane_dir(path: Path, *, storage_units: int | None = None) -> dic
         if size != files[rel]:
             what = "truncated" if size < files[rel] else "size mismatch"
             raise CheckpointCorrupt(f"{f}: {what} ({size} bytes, {SIDECAR} says {files[rel]})")
-    for required in ("metadata.json", "controller_state.pkl"):
+    for required in (_METADATA_FILE, _CONTROLLER_FILE):
         if required not in files:
             raise CheckpointCorrupt(f"{path / required}: missing from the snapshot")
     return dict(sidecar)
@@ -611,10 +618,8 @@ def _active_key_count(unit: Any) -> int:
     return int(unit.storage_data.active_key_count)
 
 
-def _partition_state(controller: Any, partition: str) -> PartitionState | None:
-    snap = ray.get(controller.get_partition_snapshot.remote(partition))
-    if snap is None:
-        return None
+def _partition_state(partition: str, snap: Any) -> PartitionState:
+    """Summarize a controller `DataPartitionStatus` snapshot."""
     names = sorted(snap.field_name_mapping, key=snap.field_name_mapping.__getitem__)
     produced = snap.production_status
     rows: dict[str, RowState] = {}
@@ -638,12 +643,13 @@ def _partition_state(controller: Any, partition: str) -> PartitionState | None:
     return PartitionState(partition, rows, unkeyed, consumed_counts)
 
 
-def _run_with_timeout(fn: Any, timeout_s: float, what: str) -> None:
+def _run_with_timeout(fn: Any, timeout_s: float, what: str) -> Any:
     error: list[BaseException] = []
+    result: list[Any] = []
 
     def run() -> None:
         try:
-            fn()
+            result.append(fn())
         except BaseException as e:  # re-raised in the caller's thread
             error.append(e)
 
@@ -654,6 +660,15 @@ def _run_with_timeout(fn: Any, timeout_s: float, what: str) -> None:
         raise DataPlaneError(f"{what} did not finish within {timeout_s:g} s (Ray short of CPU slots?)")
     if error:
         raise DataPlaneError(f"{what} failed: {error[0]}") from error[0]
+    return result[0]
+
+
+def _both(first: Callable[[], object], second: Callable[[], object]) -> None:
+    """Run two blocking TQ calls at once (each waits on a different actor); raise the first failure."""
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="trainingrun-tq") as pool:
+        futures = [pool.submit(first), pool.submit(second)]
+        for future in futures:
+            future.result()
 
 
 def _flatten(groups: Sequence[GroupRows]) -> list[str]:

@@ -322,6 +322,11 @@ class TQReplayBuffer:
         return self._index.partition
 
     @property
+    def barrier(self) -> DataPlaneCheckpointBarrier:
+        """The barrier every change of this buffer goes through (the checkpoint takes its exclusive side)."""
+        return self._barrier
+
+    @property
     def config(self) -> ReplayConfig:
         """Partition, group size and capacity (what a restore preflights against)."""
         return ReplayConfig(self._index.partition, self._index.group_size, self._index.capacity)

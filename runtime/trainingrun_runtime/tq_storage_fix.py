@@ -100,12 +100,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _is_dense_cpu(value: object) -> bool:
-    return (
-        type(value) is torch.Tensor
-        and value.layout == torch.strided
-        and value.device.type == "cpu"
-        and not value.is_quantized
-    )
+    # `is_cpu` rather than `device.type`: the latter builds a device object per call (slow per row).
+    return type(value) is torch.Tensor and value.layout == torch.strided and value.is_cpu and not value.is_quantized
 
 
 class _Column:
@@ -122,22 +118,27 @@ class _Column:
                 tensors[gi] = value
             else:
                 others[gi] = value
-        if not tensors:
+        values = list(tensors.values())
+        if not values:
             return rebuild_column, ((), None, None, None, pickle.PickleBuffer(bytearray()), others)
         indexes = tuple(tensors)
-        values = list(tensors.values())
         first = values[0]
-        uniform = all(v.dtype == first.dtype and v.shape == first.shape for v in values)
-        if uniform:
-            # One C call copies every row once into a fresh, owned buffer.
-            blob = torch.stack(values).reshape(-1).view(torch.uint8)
-            dtypes: str | list[str] = _dtype_name(first.dtype)
-            shapes: tuple[int, ...] | list[tuple[int, ...]] = tuple(first.shape)
-        else:
-            dtypes = [_dtype_name(v.dtype) for v in values]
-            shapes = [tuple(v.shape) for v in values]
-            blob = torch.cat([v.detach().contiguous().reshape(-1).view(torch.uint8) for v in values])
-        return rebuild_column, (indexes, dtypes, shapes, None, pickle.PickleBuffer(blob.numpy().data), others)
+        if len({v.dtype for v in values}) == 1:
+            try:
+                # One C call checks that the shapes agree and copies every row once into a fresh, owned buffer.
+                blob = torch.stack(values).reshape(-1).view(torch.uint8)
+            except RuntimeError:
+                pass  # rows of different shapes: one (dtype, shape) per row below
+            else:
+                return rebuild_column, (indexes, _dtype_name(first.dtype), tuple(first.shape), None, _buffer(blob), others)
+        dtypes = [_dtype_name(v.dtype) for v in values]
+        shapes = [tuple(v.shape) for v in values]
+        blob = torch.cat([v.detach().contiguous().reshape(-1).view(torch.uint8) for v in values])
+        return rebuild_column, (indexes, dtypes, shapes, None, _buffer(blob), others)
+
+
+def _buffer(blob: torch.Tensor) -> pickle.PickleBuffer:
+    return pickle.PickleBuffer(blob.numpy().data)
 
 
 def rebuild_column(

@@ -197,12 +197,17 @@ def test_groups_are_put_read_back_overwritten_and_cleared(planes: Planes) -> Non
         (lambda c, g: c.clear_groups("whole", [GroupRows("w1", g[0].sample_ids)]), "belongs to group 'w0'"),
         (lambda c, g: c.put_groups("whole", [g[1]], rows_for([g[1]])), "already stored in 'whole'"),
         (
+            lambda c, g: c.put_groups("whole", [GroupRows("n", ("n:0", "w0:0", "n:2", "n:3"))], rows_for([g[0]])),
+            "already stored in 'whole': ['w0:0']",
+        ),
+        (
             lambda c, g: c.put_groups("whole", groups_of("z", 1, 2), rows_for(groups_of("z", 1, 2)), [{"tr_x": 1}] * 2),
             "reserved prefix",
         ),
         (lambda c, g: c.put_groups("whole", groups_of("y", 1, 2), {"x": torch.ones(3)}), "first dimension must be 2"),
     ],
-    ids=["partial-update", "partial-clear", "wrong-group", "duplicate-put", "reserved-tag", "wrong-batch"],
+    ids=["partial-update", "partial-clear", "wrong-group", "duplicate-put", "partly-duplicate-put", "reserved-tag",
+         "wrong-batch"],  # fmt: skip
 )
 def test_puts_overwrites_and_clears_must_cover_whole_groups(planes: Planes, call: Any, message: str) -> None:
     _, client = planes.live()
@@ -213,6 +218,25 @@ def test_puts_overwrites_and_clears_must_cover_whole_groups(planes: Planes, call
     with pytest.raises(DataPlaneError, match=re.escape(message)):
         call(client, groups)
     assert client.inventory("whole") == before
+
+
+class Unpicklable:
+    def __reduce__(self) -> Any:
+        raise RuntimeError("cannot be sent")
+
+
+def test_a_failed_put_rolls_its_rows_back(planes: Planes) -> None:
+    _, client = planes.live()
+    kept = groups_of("k", 1, 2)
+    client.put_groups("rollback", kept, {"x": torch.ones(2, 3)})
+    before = client.inventory("rollback")
+    doomed = groups_of("f", 2, 2)
+    with pytest.raises(DataPlaneError, match="put_groups into 'rollback' failed and was rolled back"):
+        client.put_groups("rollback", doomed, {"x": torch.ones(4, 3), "obj": [Unpicklable()] * 4})
+    assert client.list_sample_ids("rollback") == ["k0:0", "k0:1"]
+    assert client.inventory("rollback") == before
+    client.put_groups("rollback", doomed, {"x": torch.ones(4, 3)})  # the ids are free again
+    assert len(client.list_sample_ids("rollback")) == 6
 
 
 def test_reused_global_indexes_never_mix_groups(planes: Planes) -> None:
