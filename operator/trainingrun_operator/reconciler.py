@@ -75,6 +75,7 @@ async def observe(
 
 
 async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRun, action: decision.Action) -> None:
+    """Carry out one action. Events are not posted here: reconcile() posts them all at once, concurrently."""
     meta = run.metadata
     namespace, uid = meta.namespace or "default", meta.uid or ""
     if isinstance(action, decision.EnsureIdentity):
@@ -101,8 +102,6 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRu
             raise
         if deleted:
             await _event(api, obj, "Normal", "DeletedRayJob", f"RayJob {action.name}")
-    elif isinstance(action, decision.Event):
-        await _event(api, obj, action.type, action.reason, action.message)
 
 
 async def _event(api: apiclient.Api, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
@@ -151,8 +150,19 @@ async def reconcile(
         await api.patch_trainingrun_status(namespace, name, result.patch)
     if status.phase != result.status.phase:
         logger.info("%s/%s: %s -> %s (%s)", namespace, name, status.phase or "-", result.status.phase, result.status.reason or "")
-    for action in result.actions:
-        await _act(api, obj, run, action)
+    failed: errors.OperatorError | None = None
+    try:
+        for action in result.actions:
+            if not isinstance(action, decision.Event):
+                await _act(api, obj, run, action)
+    except errors.OperatorError as exc:
+        failed = exc  # the status already says what happened: its events still go out, then the error
+    # The decision's events (transitions, checkpoints) go out together, concurrently; they are best effort.
+    await asyncio.gather(
+        *(_event(api, obj, a.type, a.reason, a.message) for a in result.actions if isinstance(a, decision.Event))
+    )
+    if failed is not None:
+        raise failed
     return result.requeue_after
 
 
