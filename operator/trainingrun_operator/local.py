@@ -182,10 +182,11 @@ class Chaos:
         return False
 
 
-def read_rewards(run_dir: pathlib.Path) -> dict[int, list[tuple[int, float]]]:
-    """attempt -> [(step, reward)] from the drivers' logs ('step N: reward R' lines)."""
+def read_rewards(run_dir: pathlib.Path, attempt: int | None = None) -> dict[int, list[tuple[int, float]]]:
+    """attempt -> [(step, reward)] from the drivers' logs ('step N: reward R' lines); one attempt if given."""
     found: dict[int, list[tuple[int, float]]] = {}
-    for log_path in sorted(run_dir.glob("attempts/*/driver.log")):
+    pattern = f"attempts/{attempt}/driver.log" if attempt is not None else "attempts/*/driver.log"
+    for log_path in sorted(run_dir.glob(pattern)):
         attempt = int(log_path.parent.name)
         text = log_path.read_text(errors="replace")
         found[attempt] = [(int(m.group(1)), float(m.group(2))) for m in _REWARD_LINE.finditer(text)]
@@ -261,6 +262,7 @@ class LocalRun:
             deleting=code is not None,
         )
         departed = (dataclasses.replace(pod, disruption=proc.killed_by),) if proc.killed_by else ()
+        logged = read_rewards(self.dir, number).get(number) or []
         return AttemptObservation(
             number=number,
             backend="local",
@@ -268,6 +270,7 @@ class LocalRun:
             departed=departed,
             other_pods=others,
             exit_code=code if not proc.killed_by else None,
+            progress_step=max((step for step, _ in logged), default=None),  # for stepsLost
             stderr_tail=proc.stderr_tail() if code not in (None, 0) else "",
         )
 
@@ -380,7 +383,7 @@ def _progress(run: LocalRun) -> Iterator[Callable[[LocalRun], None]]:
         def update(current: LocalRun) -> None:
             status = current.status
             runtime = status.get("runtime") or {}
-            rewards = read_rewards(current.dir).get(current.current_attempt()) or []
+            rewards = read_rewards(current.dir, current.current_attempt()).get(current.current_attempt()) or []
             step = max([runtime.get("step") or 0, *(s for s, _ in rewards)])
             reward = rewards[-1][1] if rewards else runtime.get("reward")
             latest = ((status.get("checkpoints") or {}).get("latest") or {}).get("step")
