@@ -21,8 +21,9 @@
       │ save_checkpoint() → data_plane/                                                              │
       └──────────────────────────────────────────────────────────────────────────────────────────────┘
       replay_buffer_metadata.pt (index + captured reads), train_dataloader.pt ← the values read in the cut
+      ── the train pump goes on from here; the rest runs as task checkpoint-commit-N, overlapping training ──
       commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
-      report (only now), retention
+      report (only now), retention            (the next save, and the end of the run, wait for this task)
 
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
@@ -166,6 +167,7 @@ class SingleController:
             a.root, a.run, dataplane=self.client, buffer=self.replay, barrier=self.barrier, on_stage=self._bundle_stage
         )
         self.exclusive_s: list[float] = []
+        self._commit: asyncio.Task[None] | None = None
         self._cond = asyncio.Condition()
         self._rows_ready = asyncio.Event()
         self.version = a.sampler.step
@@ -256,6 +258,7 @@ class SingleController:
         a = self.args
         tcfg = a.config.trainer
         while a.sampler.step < tcfg.steps:
+            self._raise_if_commit_failed()
             selection = await self._next_selection()
             if selection.drop:
                 await self._drop(selection.drop)
@@ -278,6 +281,7 @@ class SingleController:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:
                 await self._checkpoint(done, reward)
+        await self._finish_commit()
 
     async def _drop(self, uids: tuple[int, ...]) -> None:
         g = self.args.config.trainer.grpo.group_size
@@ -324,7 +328,9 @@ class SingleController:
         }
 
     async def _checkpoint(self, step: int, reward: float) -> None:
+        """Write step N: policy and the barrier cut inline (the train pump waits), then commit in the background."""
         a = self.args
+        await self._finish_commit()  # one save at a time: begin() cleans every tmp_step_* it finds
         self._saving_step = step
         pending = await asyncio.to_thread(self.saver.begin, step)
         try:
@@ -332,14 +338,6 @@ class SingleController:
             a.crash.reach("policy_saved", step)
             # One exclusive barrier cut: index + _capture() + inventory check + TransferQueue snapshot.
             snap = await pending.snapshot(capture=self._capture)
-            loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
-            await asyncio.to_thread(torch.save, loader_state, pending.path / bundle.TRAIN_DATALOADER)
-            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
-            path = await asyncio.to_thread(
-                lambda: pending.commit(
-                    attempt=a.attempt, config_hash=a.config_hash, weights_sha256=weights_sha, extra=extra
-                )
-            )
         except InventoryMismatch as e:
             pending.abort()
             log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
@@ -347,17 +345,49 @@ class SingleController:
         except BaseException:
             pending.abort()
             raise
+        self._commit = asyncio.create_task(
+            self._commit_bundle(pending, snap, step, reward, weights_sha), name=f"checkpoint-commit-{step}"
+        )
+
+    async def _commit_bundle(
+        self, pending: checkpoint.PendingCheckpoint, snap: checkpoint.Snapshot, step: int, reward: float, sha: str
+    ) -> None:
+        """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
+        a = self.args
+        try:
+            loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
+            await asyncio.to_thread(torch.save, loader_state, pending.path / bundle.TRAIN_DATALOADER)
+            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
+            path = await asyncio.to_thread(
+                lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
+            )
+        except BaseException:
+            pending.abort()
+            raise
         self.last_checkpoint = reporter.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=weights_sha, time=reporter.rfc3339_now(),
+            weightsSha256=sha, time=reporter.rfc3339_now(),
         )
         self.exclusive_s.append(snap.exclusive_s)
-        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=weights_sha, path=str(path),
+        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
                          exclusive_s=snap.exclusive_s)
         await asyncio.to_thread(a.status_reporter.report, self.status(step, reward, finished=False))
         a.crash.reach("reported", step)
         cp = a.config.checkpoint
         await asyncio.to_thread(bundle.apply_retention, a.root, a.run, cp.keep_last, cp.keep_every, verified=path)
+
+    async def _finish_commit(self) -> None:
+        """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""
+        task, self._commit = self._commit, None
+        if task is not None:
+            await task
+
+    def _raise_if_commit_failed(self) -> None:
+        if self._commit is not None and self._commit.done() and not self._commit.cancelled():
+            error = self._commit.exception()
+            if error is not None:
+                self._commit = None
+                raise error
 
     def status(self, step: int, reward: float | None, *, finished: bool) -> reporter.RuntimeStatus:
         """`status.runtime` as of now."""
