@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import json
 import logging
-import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import kubernetes.client
 import kubernetes.config
@@ -25,7 +25,6 @@ from trainingrun_operator import errors, model, naming
 __all__ = ["Api", "load_configuration"]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 RAY_GROUP, RAY_VERSION, RAYJOBS = "ray.io", "v1", "rayjobs"
 
@@ -62,13 +61,21 @@ class Api:
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
 
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one client call in a worker thread; the JSON body as plain dicts (None if empty).
+
+        `_preload_content=False` skips the client's typed models: the operator reads raw dicts anyway, and
+        building and re-serialising the models was most of its CPU per reconcile.
+        """
+        call = functools.partial(fn, *args, _preload_content=False, **kwargs)
         try:
-            return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+            response = await asyncio.to_thread(call)
         except ApiException as exc:
             raise errors.ApiError(f"{what}: {exc.status} {exc.reason}: {exc.body!s:.300}", _status(exc)) from exc
         except (OSError, TimeoutError) as exc:  # connection refused, reset, timeouts
             raise errors.ApiError(f"{what}: {exc}") from exc
+        data = response.data
+        return json.loads(data) if data else None
 
     # --------------------------------------------------------------------------------- TrainingRuns
 
@@ -84,7 +91,7 @@ class Api:
             if exc.status == 404:
                 return None
             raise
-        return dict(typing.cast(Mapping[str, Any], obj))
+        return dict(obj)
 
     async def patch_trainingrun_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch on the status subresource (operator-owned fields only; never status.runtime)."""
@@ -104,7 +111,7 @@ class Api:
             self._custom.list_namespaced_custom_object,
             RAY_GROUP, RAY_VERSION, namespace, RAYJOBS, label_selector=f"{naming.LABEL_RUN}={run}",
         )
-        return list(typing.cast(Mapping[str, Any], result).get("items", []))
+        return list(result.get("items", []))
 
     async def create_rayjob(self, body: Mapping[str, Any]) -> bool:
         """Create a RayJob; False if it already exists (409: adopt it, never a duplicate)."""
@@ -137,7 +144,7 @@ class Api:
             f"list pods of {namespace}/{run}",
             self._core.list_namespaced_pod, namespace, label_selector=f"{naming.LABEL_RUN}={run}",
         )
-        return [self._client.sanitize_for_serialization(p) for p in result.items]  # type: ignore[no-untyped-call]
+        return list(result.get("items", []))
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         """A node, or None if it is gone."""
@@ -147,7 +154,7 @@ class Api:
             if exc.status == 404:
                 return None
             raise
-        return dict(self._client.sanitize_for_serialization(node))  # type: ignore[no-untyped-call]
+        return dict(node)
 
     # --------------------------------------------------------------------------- driver identity
 

@@ -234,6 +234,7 @@ class _Pass:
         number = (self.attempt.number if self.attempt else 0) + 1
         name = naming.rayjob_name(self.inputs.run, number)
         identity = naming.identity_name(self.inputs.run)
+        first_identity = self.status.identity is None or self.status.identity.service_account_name is None
         self.update(
             attempt=model.AttemptRecord(number=number, ray_job_name=name, start=self.now, resumed_from=resume),
             identity=model.Identity(
@@ -243,7 +244,9 @@ class _Pass:
             start_time=self.status.start_time or self.now,
             restarts=self.status.restarts or model.RestartCounts(),
         )
-        self.actions += [EnsureIdentity(identity), CreateAttempt(number, name, resume)]
+        if first_identity:
+            self.actions.append(EnsureIdentity(identity))  # once per run; after a crash, _recreate_missing redoes it
+        self.actions.append(CreateAttempt(number, name, resume))
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
         self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
         self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")

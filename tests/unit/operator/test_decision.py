@@ -171,6 +171,7 @@ def test_preemption_leads_to_attempt_two_from_the_recorded_step_without_touching
     assert creates(store.decide(deleting(1))) == [], "no new attempt while the old attempt's pods exist"
     result = store.decide(gone(1))
     assert creates(result) == [CreateAttempt(2, "tiny-a2", 15)]
+    assert not any(isinstance(a, EnsureIdentity) for a in result.actions), "the identity exists since attempt 1"
     assert store.status["attempt"]["resumedFrom"] == 15
     assert store.phase == "Starting"
 
@@ -317,6 +318,7 @@ def test_a_missing_rayjob_while_starting_is_created_again_under_the_same_name() 
     store.decide()
     result = store.decide(AttemptObservation(number=1))
     assert creates(result) == [CreateAttempt(1, "tiny-a1", None)]
+    assert EnsureIdentity("tiny-driver") in result.actions, "after a crash the identity objects may be missing too"
     assert store.attempt() == 1 and store.phase == "Starting"
 
 
