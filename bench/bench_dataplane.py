@@ -172,6 +172,7 @@ async def barrier_run(client: ConnectOnlyDataPlane, buffer: TQReplayBuffer, root
         "exclusive_s": snap.exclusive_s,
         "hold_s": snap.hold_s,
         "tq_write_s": snap.snapshot_s,
+        "capture_and_check_s": snap.check_s,
         "durable_snapshot_s": snap.snapshot_s + fsync_s,
         "commits_during_run": float(committed),
     }
@@ -241,6 +242,7 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
         "barrier_exclusive_s": b["exclusive_s"],
         "barrier_hold_s": b["hold_s"],
         "barrier_tq_write_s": b["tq_write_s"],
+        "barrier_capture_and_check_s": b["capture_and_check_s"],
         "barrier_durable_snapshot_s": b["durable_snapshot_s"],
         "barrier_exclusive_vs_snapshot": b["exclusive_s"] / b["durable_snapshot_s"],
         "barrier_exclusive_vs_tq_write": b["exclusive_s"] / b["tq_write_s"],
@@ -286,7 +288,8 @@ def compare_stock(mib: int, workdir: Path) -> dict[str, float]:
         out[f"{label}_snapshot_vs_raw_bytes"] = sum(f.stat().st_size for f in files_under(target)) / raw_bytes
         shutil.rmtree(target)
         boot.close()
-        print(f"  {label:6s} snapshot {out[f'{label}_snapshot_vs_raw_bytes']:8.2f}x raw, save {out[f'{label}_save_s']:.2f} s")
+        ratio, took = out[f"{label}_snapshot_vs_raw_bytes"], out[f"{label}_save_s"]
+        print(f"  {label:6s} snapshot {ratio:8.2f}x raw, save {took:.2f} s")
     return out
 
 

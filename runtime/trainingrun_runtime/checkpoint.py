@@ -110,6 +110,8 @@ class Snapshot:
     """The barrier's exclusive window (index, capture, inventory check, TQ snapshot)."""
     snapshot_s: float
     """TransferQueue's own snapshot call alone."""
+    check_s: float
+    """Inside the window before the snapshot: capturing the index and `capture()`, the inventory check."""
     hold_s: float
     """From asking for the window to leaving it (waiting for active mutations included)."""
 
@@ -132,6 +134,7 @@ class PendingCheckpoint:
         try:
             requested = time.monotonic()
             async with s.barrier.checkpoint():
+                entered = time.monotonic()
                 state = s.buffer.metadata_state_dict()
                 restart = dict(capture()) if capture is not None else {}
                 digest.canonical_json(restart)  # JSON values only; names the bad field
@@ -146,6 +149,7 @@ class PendingCheckpoint:
                     "rows": len(indexed),
                 }
                 started = time.monotonic()
+                check_s = started - entered
                 await run_blocking(lambda: s.dataplane.save_checkpoint(self.path / bundle.DATA_PLANE, meta))
                 snapshot_s = time.monotonic() - started
             hold_s = time.monotonic() - requested
@@ -165,6 +169,7 @@ class PendingCheckpoint:
             restart=restart,
             exclusive_s=exclusive if exclusive is not None else hold_s,
             snapshot_s=snapshot_s,
+            check_s=check_s,
             hold_s=hold_s,
         )
         log.info(

@@ -264,7 +264,8 @@ class DataPlaneClient:
         owners = [g.group_id for g in groups for _ in g.sample_ids]
         for sid, owner, tag in zip(ids, owners, _tags_for(meta, ids), strict=True):
             if tag.get(TAG_GROUP) != owner:
-                raise DataPlaneError(f"clear_groups: row {sid!r} belongs to group {tag.get(TAG_GROUP)!r}, not {owner!r}")
+                found = tag.get(TAG_GROUP)
+                raise DataPlaneError(f"clear_groups: row {sid!r} belongs to group {found!r}, not {owner!r}")
         _check_whole_groups(meta, ids, "clear_groups")
         client.clear_samples(meta)
 

@@ -130,7 +130,8 @@ class _Column:
             except RuntimeError:
                 pass  # rows of different shapes: one (dtype, shape) per row below
             else:
-                return rebuild_column, (indexes, _dtype_name(first.dtype), tuple(first.shape), None, _buffer(blob), others)
+                dtype, shape = _dtype_name(first.dtype), tuple(first.shape)
+                return rebuild_column, (indexes, dtype, shape, None, _buffer(blob), others)
         dtypes = [_dtype_name(v.dtype) for v in values]
         shapes = [tuple(v.shape) for v in values]
         blob = torch.cat([v.detach().contiguous().reshape(-1).view(torch.uint8) for v in values])

@@ -100,7 +100,9 @@ def observe(client: DataPlaneClient, partition: str, index: dict[str, Any]) -> d
     rows: dict[str, dict[str, Any]] = {}
     for group in index["groups"]:
         got = client.read_rows(partition, group["sample_ids"])
-        rows[group["group_id"]] = {k: v if isinstance(v, torch.Tensor) else [_plain(x) for x in v] for k, v in got.items()}
+        rows[group["group_id"]] = {
+            k: v if isinstance(v, torch.Tensor) else [_plain(x) for x in v] for k, v in got.items()
+        }
     return {
         "ids": client.list_sample_ids(partition),
         "inventory": {sid: [dict(r.tags), list(r.fields), list(r.consumed_by)] for sid, r in inventory.rows.items()},

@@ -263,7 +263,10 @@ def test_the_snapshot_stays_within_1_1x_the_live_rows_when_put_256_at_a_time(pla
         client.put_groups(
             "blowup",
             groups,
-            {"tokens": torch.randint(0, 50_000, (256, 512), generator=gen), "logp": torch.randn(256, 512, generator=gen)},
+            {
+                "tokens": torch.randint(0, 50_000, (256, 512), generator=gen),
+                "logp": torch.randn(256, 512, generator=gen),
+            },
         )
     client.clear_groups("blowup", batches[1][:16])  # live rows are not whole put messages any more
     live_rows = 3 * 256 - 16 * 8
