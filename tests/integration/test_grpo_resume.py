@@ -55,6 +55,13 @@ def test_a_resume_that_changes_the_math_is_refused_with_exit_code_3(killed_after
     assert "ray_started" not in [e["event"] for e in events.read(root / "attempt2.jsonl")]
 
 
+def test_a_pinned_step_that_does_not_exist_is_refused_with_exit_code_3(killed_after_step_4: Path) -> None:
+    root = killed_after_step_4
+    proc = launcher.start(run=RUN, attempt=2, root=root, config=CONFIG, resume="3")
+    assert proc.wait(300) == 3
+    assert proc.output().strip().splitlines()[-1].startswith("RestoreFailed: CheckpointCorrupt")
+
+
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step_4: Path) -> None:
     root = killed_after_step_4
     step_4 = root / RUN / "step_4"
