@@ -17,7 +17,7 @@ Goals (issue 5): apply p99 <= 2x KubeRay's p99 in the same run; failure -> next 
 backoff; RSS < 200 MB at 500 runs. The ratios are printed and merged into `bench-results.json` at the
 repository root under "operator" (read-modify-write; other benchmarks keep their keys).
 
-Run: `.venv/bin/python bench/bench_operator.py [--runs 200] [--total 500] [--failures 20] [--rate 50]`
+Run: `.venv/bin/python bench/bench_operator.py [--runs 200] [--total 500] [--failures 20] [--rate 5]`
 (needs the test bed: `make testbed`).
 """
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--total", type=int, default=500)
     parser.add_argument("--failures", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=50.0, help="creations per second, for all three")
+    parser.add_argument("--rate", type=float, default=5.0, help="creations per second, for all three (paced, so that latency and not a backlog is measured)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp, controlplane.ControlPlane(nodes=1) as plane:
         work = pathlib.Path(tmp)
