@@ -10,7 +10,8 @@ tests. It is a TEST COMPONENT. Each control does what the real cause does to the
     fail_node(...)             the node's kubelet stops (its kwok process), the node turns NotReady, and every
                                process of its pods is SIGKILLed (the machine is gone)
     kill_driver(...)           SIGKILL to the Ray job's driver process only; the pod and Ray stay up
-    partition(...)             the pod is force-deleted but its processes keep running (a zombie attempt)
+    partition(...)             the pod is force-deleted but its processes keep running, optionally frozen until
+                               `thaw` (a zombie attempt)
     kill_process(...)          SIGKILL a whole process group (our operator)
 
 Standard library only.
@@ -53,10 +54,15 @@ def head_pod(plane: controlplane.ControlPlane, namespace: str, selector: str = "
     return live[0]
 
 
-def evict(plane: controlplane.ControlPlane, namespace: str, pod: str) -> None:
-    """Evicts `pod` through the Eviction API (policy/v1); raises unless the API server accepted it (201)."""
-    status, body = plane.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", {
-        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}})
+def evict(plane: controlplane.ControlPlane, namespace: str, pod: str, grace_seconds: int | None = None) -> None:
+    """Evicts `pod` through the Eviction API (policy/v1); raises unless the API server accepted it (201).
+    `grace_seconds` overrides the pod's termination grace period (0: the processes get SIGKILL at once, as when
+    a spot VM is reclaimed without notice)."""
+    eviction: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": pod, "namespace": namespace}}
+    if grace_seconds is not None:
+        eviction["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+    status, body = plane.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", eviction)
     if status != 201:
         raise ChaosError(f"eviction of {namespace}/{pod} returned {status}: {body}")
 
@@ -131,13 +137,16 @@ def kill_driver(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: 
 
 
 def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, namespace: str,
-              pod: str) -> podrunner.LocalPod:
+              pod: str, *, freeze: bool = False) -> podrunner.LocalPod:
     """The pod's node is cut off: the API object is force-deleted (as after a node loss), but its processes keep
-    running: a zombie. Returns the runner's record, whose processes `runner.stop()` (or `end_zombie`) kills."""
+    running: a zombie. With `freeze`, they are also stopped (SIGSTOP: a node paused, e.g. a VM live-migrated)
+    until `thaw`. Returns the runner's record, whose processes `runner.stop()` (or `end_zombie`) kills."""
     local = runner.find(namespace, pod)
     if local is None:
         raise ChaosError(f"the pod runner does not play {namespace}/{pod}")
     runner.detach(local.uid)
+    if freeze:
+        podrunner.signal_pod(local.uid, local.process, signal.SIGSTOP)
     status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}",
                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
     if status not in (200, 202, 404):
@@ -145,11 +154,15 @@ def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, nam
     return local
 
 
+def thaw(local: podrunner.LocalPod) -> None:
+    """Resumes what `partition(freeze=True)` stopped."""
+    podrunner.signal_pod(local.uid, local.process, signal.SIGCONT)
+
+
 def end_zombie(local: podrunner.LocalPod) -> None:
     """SIGKILLs what `partition` left running."""
-    pgid = local.process.pid if local.process is not None else None
     for _ in range(50):
-        if not podrunner.signal_pod(local.uid, pgid, signal.SIGKILL) and not podrunner.pod_processes(local.uid):
+        if not podrunner.signal_pod(local.uid, local.process, signal.SIGKILL) and not podrunner.pod_processes(local.uid):
             return
         time.sleep(0.1)
 

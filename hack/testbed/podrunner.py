@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 POD_MARKER = "TRUN_TESTBED_POD"
+PLAY_ANNOTATION = "testbed.trainingrun.dev/play"
 NODE_TYPE_LABEL, CLUSTER_LABEL = "ray.io/node-type", "ray.io/cluster"
 CLUSTER_DOMAIN = "cluster.local"
 # Variables KubeRay injects into the Ray container to describe the container itself (its address, ports, name).
@@ -97,7 +98,24 @@ class RunnerError(RuntimeError):
 
 def free_port() -> int:
     """A free loopback port from the kernel's ephemeral range (outside Ray's worker range 10002-19999)."""
-    return int(controlplane.free_port())
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_kubeconfig(path: Path, *, server: str, ca_file: Path, user: str, token: str, namespace: str) -> Path:
+    """A kubeconfig for one bearer token (JSON strings are valid YAML scalars, so the quoting is exact)."""
+    q = json.dumps
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: testbed\n  cluster:\n    server: {q(server)}\n"
+        f"    certificate-authority: {q(str(ca_file))}\n"
+        f"users:\n- name: {q(user)}\n  user:\n    token: {q(token)}\n"
+        f"contexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {q(user)}\n"
+        f"    namespace: {q(namespace)}\n"
+        "current-context: testbed\n")
+    path.chmod(0o600)
+    return path
 
 
 def parse_ray_start(command: str) -> dict[str, str]:
@@ -171,6 +189,16 @@ class KubeApi:
         if status != 200:
             raise RunnerError(f"GET {path} returned {status}: {body}")
         return list(body.get("items") or [])
+
+
+def plays(pod: dict[str, Any]) -> bool:
+    """Whether the runner plays this pod: a Ray pod made by KubeRay (owned by a RayCluster), or one a test
+    opted in with the PLAY_ANNOTATION (test doubles that make Ray-labelled pods of their own are left alone)."""
+    meta = pod["metadata"]
+    if NODE_TYPE_LABEL not in (meta.get("labels") or {}):
+        return False
+    owned = any(ref.get("kind") == "RayCluster" for ref in meta.get("ownerReferences") or [])
+    return owned or (meta.get("annotations") or {}).get(PLAY_ANNOTATION) == "true"
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
@@ -260,12 +288,14 @@ def pod_processes(uid: str) -> list[int]:
     return found
 
 
-def signal_pod(uid: str, pgid: int | None, sig: int) -> int:
-    """Sends `sig` to the pod's process group and to every process carrying its marker; returns how many."""
+def signal_pod(uid: str, leader: subprocess.Popen[bytes] | None, sig: int) -> int:
+    """Sends `sig` to every process carrying the pod's marker, and to the process group of its `ray start` while
+    that leader is not yet reaped (after that its pid, hence the group id, may belong to someone else). Returns
+    how many were signalled."""
     count = 0
-    if pgid is not None:
+    if leader is not None and leader.poll() is None:
         try:
-            os.killpg(pgid, sig)
+            os.killpg(leader.pid, sig)
             count += 1
         except (ProcessLookupError, PermissionError):
             pass
@@ -338,7 +368,8 @@ class PodRunner:
         with self._lock:
             pods = list(self.pods.values())
         for pod in pods:
-            self._kill(pod, "runner stopped", grace=0.0, final_state="killed", wait=True)
+            if pod.state != "killed" or pod_processes(pod.uid):
+                self._kill(pod, "runner stopped", grace=0.0, final_state="killed", wait=True)
         for pod in pods:
             if not self.keep_workdir:
                 shutil.rmtree(pod.temp_dir, ignore_errors=True)
@@ -415,6 +446,8 @@ class PodRunner:
         self._provision()
         seen = set()
         for pod in pods:
+            if not plays(pod):
+                continue
             uid = pod["metadata"]["uid"]
             seen.add(uid)
             with self._lock:
@@ -544,9 +577,9 @@ class PodRunner:
         if status != 201:
             raise RunnerError(f"TokenRequest for {meta['namespace']}/{account} (pod {meta['name']}) "
                               f"returned {status}: {body}")
-        return Path(controlplane.write_kubeconfig(
-            local.directory / "kubeconfig", server=self.server, ca_file=self.ca_file, token=body["status"]["token"],
-            user=f"system:serviceaccount:{meta['namespace']}:{account}", namespace=meta["namespace"]))
+        return write_kubeconfig(local.directory / "kubeconfig", server=self.server, ca_file=self.ca_file,
+                                token=body["status"]["token"], namespace=meta["namespace"],
+                                user=f"system:serviceaccount:{meta['namespace']}:{account}")
 
     def _mounts(self, pod: dict[str, Any], container: dict[str, Any]) -> list[tuple[Path, Path, bool]]:
         """(source directory, mountPath, readOnly) for each PVC the Ray container mounts."""
@@ -650,7 +683,7 @@ class PodRunner:
             local.exit_code = code
             self._drop_routes(local)
             self._event(local, "Exited", f"exit code {code}; log tail:\n{local.log_tail(10)}")
-            signal_pod(local.uid, local.process.pid, signal.SIGKILL)  # leftovers of a crashed ray start
+            signal_pod(local.uid, local.process, signal.SIGKILL)  # leftovers of a crashed ray start
             restart = local.restart_policy == "Always" or (local.restart_policy == "OnFailure" and code != 0)
             if restart:
                 local.state = "backoff"
@@ -693,14 +726,13 @@ class PodRunner:
         self._event(local, "Killing", why)
 
         def finish() -> None:
-            pgid = local.process.pid if local.process is not None else None
             if grace > 0:
-                signal_pod(local.uid, pgid, signal.SIGTERM)
+                signal_pod(local.uid, local.process, signal.SIGTERM)
                 deadline = time.monotonic() + grace
                 while time.monotonic() < deadline and pod_processes(local.uid):
                     time.sleep(0.2)
             for _ in range(50):
-                if not signal_pod(local.uid, pgid, signal.SIGKILL) and not pod_processes(local.uid):
+                if not signal_pod(local.uid, local.process, signal.SIGKILL) and not pod_processes(local.uid):
                     break
                 time.sleep(0.1)
             if local.process is not None:
@@ -921,33 +953,129 @@ class KubeRayOperator:
         if self.process is not None:
             self.process.stop()
 
-    def log_tail(self, lines: int = 40) -> str:
-        return self.process.log_tail(lines) if self.process else "(not started)"
+    def log_tail(self, lines: int = 15) -> str:
+        if self.process is None:
+            return "(not started)"
+        return "\n".join(line[:300] for line in self.process.log_tail(lines).splitlines())
+
+
+KWOK_NODE_LEASE_SECONDS = 20  # as the test bed's own kwok: lease renewed every 5 s, tolerant of a busy machine
+# kwok's default pod stages with one change: a pod turns Running with its IP but NOT Ready; the pod runner reports
+# Ready once Ray answers (as a kubelet does after the readiness probe). With kwok's default (Ready at once), KubeRay
+# sees a ready head before Ray listens, calls the dashboard, fails, and backs off exponentially.
+KWOK_POD_STAGES = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-running-not-ready}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.podIP', operator: DoesNotExist}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: ContainersNotReady}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: ContainersNotReady}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting: {reason: ContainerCreating}
+      {{ end }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-delete}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+  next:
+    finalizers: {empty: true}
+    delete: true
+"""
 
 
 @dataclass(eq=False)
 class FullLoopBed:
-    """Proxy, pod runner and KubeRay on a running control plane: what every full-loop test needs."""
+    """Proxy, pod runner and KubeRay on a running control plane, plus a node of its own for the Ray pods: kwok
+    plays that node with KWOK_POD_STAGES, and the other schedulable nodes are cordoned while the bed is up (so
+    that KubeRay's pods, which we do not build, land there). `stop()` undoes all of it."""
 
     plane: controlplane.ControlPlane
     forward_proxy: proxy.ForwardProxy = field(init=False)
     runner: PodRunner = field(init=False)
     kuberay: KubeRayOperator = field(init=False)
+    node: str = field(init=False, default="")
+    kubelet: controlplane.Process | None = field(init=False, default=None)
+    cordoned: list[str] = field(init=False, default_factory=list)
 
     def start(self) -> FullLoopBed:
-        self.forward_proxy = proxy.ForwardProxy().start()
-        self.runner = PodRunner.for_plane(self.plane, self.forward_proxy).start()
-        self.kuberay = KubeRayOperator(self.plane, self.forward_proxy).start()
+        try:
+            self.forward_proxy = proxy.ForwardProxy().start()
+            self.runner = PodRunner.for_plane(self.plane, self.forward_proxy).start()
+            self._start_node()
+            self.kuberay = KubeRayOperator(self.plane, self.forward_proxy).start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
+    def _start_node(self) -> None:
+        tag = f"fullloop-{uuid.uuid4().hex[:6]}"
+        stages = self.runner.workdir / "kwok-stages.yaml"
+        stages.write_text(KWOK_POD_STAGES)
+        self.node = tag
+        self.plane.create_fake_node(tag, annotations={controlplane.KWOK_ANNOTATION: tag})
+        log_path = self.plane.workdir / f"kwok-{tag}.log"
+        with open(log_path, "wb") as log_file:
+            popen = subprocess.Popen(
+                [str(self.plane.binaries.path("kwok")), "--kubeconfig", str(self.plane.kubeconfig),
+                 "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={controlplane.KWOK_ANNOTATION}={tag}",
+                 "--node-ip", "127.0.0.1", "--server-address", "127.0.0.1:0",
+                 f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}", "--config", str(stages)],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.plane.workdir,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        self.kubelet = controlplane.Process(name=f"kwok-{tag}", popen=popen, log_path=log_path)
+        self.plane.wait_nodes_ready([tag])
+        status, nodes = self.plane.request("GET", "/api/v1/nodes")
+        for other in nodes["items"] if status == 200 else []:
+            name = other["metadata"]["name"]
+            if name != tag and not other["spec"].get("unschedulable"):
+                self.plane.kubectl("cordon", name)
+                self.cordoned.append(name)
+
     def stop(self) -> None:
-        for part in ("kuberay", "runner", "forward_proxy"):
+        for part in ("kuberay", "runner", "kubelet", "forward_proxy"):
             thing = getattr(self, part, None)
             if thing is not None:
                 thing.stop()
+        for name in self.cordoned:
+            self.plane.kubectl("uncordon", name, check=False)
+        self.cordoned.clear()
+        if self.node:
+            self.plane.kubectl("delete", "node", self.node, "--ignore-not-found", "--wait=false", check=False)
 
     def describe(self) -> str:
-        return f"{self.runner.describe()}\n--- kuberay-operator log\n{self.kuberay.log_tail()}"
+        kubelet = self.kubelet.log_tail(10) if self.kubelet else ""
+        kuberay = getattr(self, "kuberay", None)
+        runner = getattr(self, "runner", None)
+        return (f"{runner.describe() if runner else ''}\n--- kwok for {self.node}\n{kubelet}"
+                f"\n--- kuberay-operator log (last lines, cut at 300 characters)\n"
+                f"{kuberay.log_tail() if kuberay else ''}")
 
     @staticmethod
     @contextlib.contextmanager

@@ -1,13 +1,15 @@
 """Full-loop fixtures: the real KubeRay operator, the pod runner and proxy, and our operator as its own process.
 
     control_plane (tests/conftest.py: etcd, kube-apiserver, controller manager, scheduler, kwok)
-      └── full_loop (session): forward proxy + pod runner (plays the kubelet for Ray pods) + KubeRay operator
+      └── full_loop (module): forward proxy + pod runner (plays the kubelet for Ray pods) + KubeRay operator
             (its own ServiceAccount and ClusterRole from its module's config/rbac; HTTP_PROXY = the proxy)
-      └── trainingrun_operator (session): `trainingrun operator` in its own process group, authenticated as the
+      └── trainingrun_operator (module): `trainingrun operator` in its own process group, authenticated as the
             chart's ServiceAccount (RBAC rendered from charts/trainingrun by helm, applied as is)
 
-Each test gets a fresh namespace (`namespace`, tests/conftest.py). On failure, the fixtures print what the pod
-runner saw, the KubeRay log tail and our operator's log tail.
+Module scope, not session scope: while the bed is up, KubeRay acts on every RayJob and the other nodes are
+cordoned, which the operator's own cluster tests (with their KubeRay test double) must not see. Starting the bed
+takes a few seconds; the Ray pods are what costs. Each test gets a fresh namespace (`namespace`,
+tests/conftest.py). On failure, the tests print what the pod runner saw and the logs of KubeRay and our operator.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ import podrunner
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainingrun"
+TINY = REPO / "manifests" / "examples" / "tiny.yaml"
 OPERATOR_NAMESPACE = "trainingrun-system"
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[podrunner.FullLoopBed]:
     with podrunner.FullLoopBed.running(control_plane) as bed:
         yield bed
@@ -93,7 +96,8 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     """Renders charts/trainingrun with helm and applies its RBAC objects (not the Deployment: the operator runs
     here as a local process). Returns the operator's ServiceAccount name."""
     rendered = subprocess.run(
-        [str(plane.binaries.path("helm")), "template", "trainingrun", str(CHART), "--namespace", namespace],
+        [str(plane.binaries.path("helm")), "template", "trainingrun", str(CHART), "--namespace", namespace,
+         "--kube-version", plane.binaries.versions["K8S_VERSION"]],
         capture_output=True, text=True, timeout=120)
     if rendered.returncode != 0:
         pytest.fail(f"helm template {CHART} failed: {rendered.stderr}", pytrace=False)
@@ -110,7 +114,7 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     return str(accounts[0])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trainingrun_operator(control_plane: controlplane.ControlPlane,
                          full_loop: podrunner.FullLoopBed) -> Iterator[OperatorProcess]:
     account = install_chart_rbac(control_plane, OPERATOR_NAMESPACE)
@@ -161,9 +165,55 @@ class Loop:
         assert status == 200, f"GET {path}: {status} {body}"
         return dict(body)
 
+    def tiny_run(self, name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
+                 **trainer: Any) -> dict[str, Any]:
+        return tiny_run(name, claim=claim, checkpoint=checkpoint, **trainer)
+
+    def checkpoints_pvc(self, name: str) -> dict[str, Any]:
+        return checkpoints_pvc(name)
+
+    def run_status(self, namespace: str, name: str) -> dict[str, Any]:
+        run = self.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns/{name}")
+        return dict((run or {}).get("status") or {})
+
+    def rayjobs(self, namespace: str) -> list[dict[str, Any]]:
+        return list((self.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
+
+    def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
+        """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
+        def reached() -> dict[str, Any] | None:
+            status = self.run_status(namespace, name)
+            if status.get("phase") == "Failed" and phase != "Failed":
+                pytest.fail(f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
+                            f"attempts: {status.get('attempts')}\n{self.diagnostics()}", pytrace=False)
+            return status if status.get("phase") == phase else None
+        return self.wait(reached, timeout=timeout, what=f"run {name} {phase}")
+
     def apply(self, namespace: str, *objects: dict[str, Any]) -> None:
         self.plane.kubectl("apply", "-n", namespace, "-f", "-",
                            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+def tiny_run(name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
+             **trainer: Any) -> dict[str, Any]:
+    """manifests/examples/tiny.yaml as shipped, renamed, with `trainer` and `checkpoint` fields overridden (shorter
+    runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay derives
+    num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
+    storage units), so the example as shipped fails with DataPlaneError on a real cluster."""
+    run = next(d for d in yaml.safe_load_all(TINY.read_text()) if d and d.get("kind") == "TrainingRun")
+    run["metadata"]["name"] = name
+    head = run["spec"]["ray"]["head"]
+    head["rayStartParams"] = {"num-cpus": "8", **(head.get("rayStartParams") or {})}
+    run["spec"]["checkpoint"].update(checkpoint or {})
+    run["spec"]["trainer"].update(trainer)
+    if claim:
+        run["spec"]["checkpoint"]["pvc"]["claimName"] = claim
+    return dict(run)
+
+
+def checkpoints_pvc(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
 
 
 @pytest.fixture

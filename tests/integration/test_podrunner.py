@@ -60,7 +60,8 @@ def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mou
     }
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster}},
+        "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster},
+                     "annotations": {podrunner.PLAY_ANNOTATION: "true"}},
         "spec": {"restartPolicy": restart_policy, "terminationGracePeriodSeconds": 5, "containers": [container],
                  "nodeSelector": {"type": "kwok"}, **spec},
     }
@@ -294,3 +295,19 @@ def test_a_pending_claim_gets_a_hostpath_volume_bound_by_claim_ref(
     assert volume["spec"]["capacity"]["storage"] == "2Gi"
     assert Path(volume["spec"]["hostPath"]["path"]).is_dir()
     assert Path(volume["spec"]["hostPath"]["path"]).is_relative_to(bed[1].workdir)
+
+
+def test_a_ray_labelled_pod_that_kuberay_did_not_make_is_left_to_kwok(
+        control_plane: controlplane.ControlPlane, namespace: str,
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    """The operator's cluster tests play KubeRay with a test double that creates Ray-labelled pods owned by the
+    RayJob; the runner must not start Ray for those (only for pods a RayCluster owns, or opted in)."""
+    runner = bed[1]
+    body = ray_pod("double-head", "double", "head")
+    del body["metadata"]["annotations"]
+    apply(control_plane, namespace, body)
+    path = f"/api/v1/namespaces/{namespace}/pods/double-head"
+    wait_until(lambda: (p := get(control_plane, path)) and p["status"].get("phase") == "Running", timeout=60,
+               what="kwok to run the pod")
+    time.sleep(5 * runner.interval)
+    assert runner.find(namespace, "double-head") is None
