@@ -31,6 +31,7 @@ import argparse
 import atexit
 import ctypes
 import functools
+import json
 import logging
 import os
 import shutil
@@ -447,9 +448,23 @@ class ControlPlane:
         applied = self.kubectl("apply", "--server-side", "--force-conflicts",
                                "--field-manager=trainingrun-testbed", "-o", "name", *files)
         names = [line for line in applied.stdout.split() if line.startswith("customresourcedefinition")]
-        if names:
-            self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names,
-                         timeout=timeout + 10)
+        # Poll the condition rather than `kubectl wait`: right after the apply a CRD can have no
+        # status.conditions yet, and `kubectl wait` then fails at once with an accessor error.
+        deadline = time.monotonic() + timeout
+        waiting = list(names)
+        while waiting:
+            got = self.kubectl("get", *waiting, "-o", "json", check=False)
+            doc = json.loads(got.stdout) if got.returncode == 0 else {"items": []}
+            items = doc.get("items", [doc])  # one name gives the object itself, several give a List
+            established = {item["metadata"]["name"] for item in items
+                           if any(c.get("type") == "Established" and c.get("status") == "True"
+                                  for c in item.get("status", {}).get("conditions") or [])}
+            waiting = [n for n in waiting if n.split("/", 1)[1] not in established]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                raise KubectlError(f"CRDs not Established after {timeout:.0f}s: {', '.join(waiting)}")
+            time.sleep(0.2)
         return names
 
     def _spawn(self, name: str, binary: str, args: list[str]) -> Process:
