@@ -338,6 +338,7 @@ class PodRunner:
     _stopping: threading.Event = field(init=False, default_factory=threading.Event)
     _mountpoints: dict[Path, int] = field(init=False, default_factory=dict)  # created by us -> users
     _provisioned: set[str] = field(init=False, default_factory=set)  # PV names
+    _extra_env: list[tuple[dict[str, str], dict[str, str]]] = field(init=False, default_factory=list)
     _pass_error: str = field(init=False, default="")
 
     @classmethod
@@ -400,6 +401,12 @@ class PodRunner:
             heads = [p for p in self.pods.values() if p.namespace == namespace and p.cluster == cluster
                      and p.role == "head" and p.state in ("starting", "ready")]
         return heads[-1] if heads else None
+
+    def add_env(self, match_labels: dict[str, str], env: dict[str, str]) -> None:
+        """Test knob: pods started from now on whose labels include `match_labels` also get `env` (as a
+        mutating admission webhook would add it). The driver's crash points (TRAININGRUN_CRASH_AT) are armed so."""
+        with self._lock:
+            self._extra_env.append((dict(match_labels), dict(env)))
 
     def detach(self, uid: str) -> LocalPod:
         """Forgets a pod's processes without killing them: what a partitioned node looks like from the API
@@ -535,6 +542,11 @@ class PodRunner:
                 value = self._value_from(pod, var["valueFrom"])
                 if value is not None:
                     env[name] = value
+        labels = pod["metadata"].get("labels") or {}
+        with self._lock:
+            for match, extra in self._extra_env:
+                if all(labels.get(k) == v for k, v in match.items()):
+                    env.update(extra)
         return env
 
     def _value_from(self, pod: dict[str, Any], source: dict[str, Any]) -> str | None:

@@ -216,13 +216,26 @@ def checkpoints_pvc(name: str) -> dict[str, Any]:
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
 
 
+def clean_up(plane: controlplane.ControlPlane, namespace: str) -> None:
+    """Deletes the test's TrainingRuns and RayJobs while our operator and KubeRay still run to remove their
+    finalizers; otherwise the namespace would hang in Terminating, and later tests' operators would find them."""
+    for kind in ("trainingruns.trainingrun.dev", "rayjobs.ray.io"):
+        plane.kubectl("delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=90s",
+                      "--ignore-not-found", check=False, timeout=120)
+
+
 @pytest.fixture
 def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
-         operator: OperatorProcess) -> Loop:
-    return Loop(control_plane, full_loop, operator)
+         operator: OperatorProcess, namespace: str) -> Iterator[Loop]:
+    yield Loop(control_plane, full_loop, operator)
+    if not operator.alive():
+        operator.start()
+    clean_up(control_plane, namespace)
 
 
 @pytest.fixture
-def harness(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed) -> Loop:
+def harness(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+            namespace: str) -> Iterator[Loop]:
     """The bed without our operator (the KubeRay self-test does not need it)."""
-    return Loop(control_plane, full_loop)
+    yield Loop(control_plane, full_loop)
+    clean_up(control_plane, namespace)

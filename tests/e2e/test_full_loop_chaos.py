@@ -101,26 +101,27 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
         # 1: a random moment after attempt 1 recorded its first checkpoint.
         loop.wait(lambda: recorded_by(loop, namespace, "rp", 1), timeout=420, what="attempt 1's first checkpoint")
         head = head_name(loop, namespace, "rp", 1)
+        # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
+        # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
+        loop.bed.runner.add_env({"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
+                                {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}"
+                                                                  for n in range(save_period, steps, save_period))})
         delay = rng.uniform(0, 3)
         time.sleep(delay)
         chaos.evict(loop.plane, namespace, head)
         moments.append(f"attempt 1: {delay:.1f}s after its first checkpoint was recorded")
 
-        # 2: during a save of attempt 2 (a tmp_step_N directory newer than where it resumed), no grace period.
+        # 2: during a save of attempt 2, without a grace period.
         directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
-        resumed = loop.wait(lambda: (a := loop.run_status(namespace, "rp").get("attempt") or {}).get("number") == 2
-                            and a, timeout=180, what="attempt 2 started")["resumedFrom"] or 0
+        markers = directory / "crash-markers"
         head = head_name(loop, namespace, "rp", 2)
-
-        def saving() -> int | None:
-            pending = [int(p.name.removeprefix("tmp_step_")) for p in directory.glob("tmp_step_*")]
-            newer = [n for n in pending if n > resumed]
-            return min(newer) if newer else None
-
-        saving_step = loop.wait(saving, timeout=420, what="attempt 2 saving a checkpoint", interval=0.01)
+        frozen = loop.wait(lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None), timeout=420,
+                           what="attempt 2's driver in the middle of a save")
+        saving_step = int(frozen.name.rsplit("@", 1)[1])
+        assert (directory / f"tmp_step_{saving_step}" / "manifest.json").exists()
+        assert saving_step not in manifests(directory)  # written, not renamed: an incomplete checkpoint
         chaos.evict(loop.plane, namespace, head, grace_seconds=0)
-        complete_at_eviction = saving_step in manifests(directory)
-        moments.append(f"attempt 2: while saving step {saving_step} (complete when evicted: {complete_at_eviction})")
+        moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
 
         # 3: a random moment after attempt 3 recorded its first checkpoint.
         loop.wait(lambda: recorded_by(loop, namespace, "rp", 3), timeout=420, what="attempt 3's first checkpoint")
@@ -143,6 +144,7 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
     print("steps lost per preemption:", [a.get("stepsLost") for a in ended[:3]], f"(save period {save_period})")
     for earlier, later in zip(ended[:3], [*ended[1:3], final["attempt"]]):
         assert later["resumedFrom"] is not None and later["resumedFrom"] >= (earlier.get("resumedFrom") or 0)
+    assert ended[2]["resumedFrom"] < saving_step, (saving_step, ended)  # the interrupted save was never used
     latest = final["checkpoints"]["latest"]
     assert latest["step"] == steps
     uninterrupted = json.loads((tmp_path / "rp" / f"step_{steps}" / "manifest.json").read_text())

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+import chaos
 import podrunner
 
 if TYPE_CHECKING:
@@ -78,3 +79,21 @@ def test_rayjobs_reach_complete_and_failed_through_the_real_kuberay(harness: Loo
     harness.wait(lambda: all(p.state == "killed" and not podrunner.pod_processes(p.uid) for p in played),
                  timeout=60, what="every Ray process of both clusters gone")
     print(f"harness self-test: two RayJobs finished in {elapsed:.1f}s")
+
+
+def test_a_driver_killed_alone_fails_its_rayjob_while_its_head_pod_stays_up(harness: Loop, namespace: str) -> None:
+    harness.apply(namespace, rayjob("victim", "python -c \"import time; print('driver up'); time.sleep(600)\"",
+                                    workers=0))
+    runner = harness.bed.runner
+    head = harness.wait(lambda: next((p for p in runner.pods.values() if p.namespace == namespace and
+                                      p.role == "head" and p.state == "ready"), None),
+                        timeout=180, what="the head's Ray to answer")
+    killed = chaos.kill_driver(runner, namespace, head.name, pattern="time.sleep(600)", timeout=180)
+    assert killed
+    path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/victim"
+    failed = harness.wait(lambda: (j := harness.get(path)) and j.get("status", {}).get("jobDeploymentStatus")
+                          in ("Failed", "Complete") and j, timeout=120, what="the RayJob to end")
+    assert failed["status"]["jobDeploymentStatus"] == "Failed" and failed["status"]["reason"] == "AppFailed"
+    assert "exit code 137" in failed["status"]["message"], failed["status"]  # 128 + SIGKILL
+    # Only the driver died: Ray on the head pod ran on until KubeRay shut the cluster down.
+    assert head.restarts == 0 and not [e for e in runner.events if head.name in e and "Exited" in e]

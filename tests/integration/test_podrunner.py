@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -311,3 +313,42 @@ def test_a_ray_labelled_pod_that_kuberay_did_not_make_is_left_to_kwok(
                what="kwok to run the pod")
     time.sleep(5 * runner.interval)
     assert runner.find(namespace, "double-head") is None
+
+
+def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_runner_kills_the_head(
+        control_plane: controlplane.ControlPlane, namespace: str,
+        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    runner = bed[1]
+    apply(control_plane, namespace, ray_pod("preemptee", "preemptee", "head"))
+    local = wait_until(lambda: (p := runner.find(namespace, "preemptee")) and p.state == "ready" and p,
+                       timeout=180, what="the head's Ray to answer", bed=runner)
+    seen: list[tuple[str, dict[str, Any]]] = []
+    watching = threading.Event()
+
+    def watch() -> None:  # every change of the pod, in order, until it is deleted
+        status, pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/preemptee")
+        url = (f"{control_plane.server}/api/v1/namespaces/{namespace}/pods?watch=1&fieldSelector=metadata.name%3D"
+               f"preemptee&resourceVersion={pod['metadata']['resourceVersion']}")
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {control_plane.admin_token}"})
+        context = ssl.create_default_context(cafile=str(control_plane.ca_file))
+        with urllib.request.urlopen(request, context=context, timeout=60) as stream:
+            watching.set()
+            for line in stream:
+                event = json.loads(line)
+                seen.append((event["type"], event["object"]))
+                if event["type"] == "DELETED":
+                    return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert watching.wait(10)
+    chaos.disrupt_and_delete(control_plane, namespace, "preemptee")
+    watcher.join(60)
+    types = [t for t, _ in seen]
+    assert types[-1] == "DELETED", types
+    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if podrunner.condition(pod, "DisruptionTarget"))
+    deleting = next(i for i, (_, pod) in enumerate(seen) if pod["metadata"].get("deletionTimestamp"))
+    assert first_disrupted < deleting
+    assert podrunner.condition(seen[first_disrupted][1], "DisruptionTarget")["reason"] == "PreemptionByScheduler"  # type: ignore[index]
+    wait_until(lambda: local.state == "killed" and not podrunner.pod_processes(local.uid), timeout=30,
+               what="the head's processes gone", bed=runner)
