@@ -63,6 +63,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import controlplane  # noqa: E402
+import kubeaccess  # noqa: E402
 import proxy  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -101,21 +102,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def write_kubeconfig(path: Path, *, server: str, ca_file: Path, user: str, token: str, namespace: str) -> Path:
-    """A kubeconfig for one bearer token (JSON strings are valid YAML scalars, so the quoting is exact)."""
-    q = json.dumps
-    path.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        f"clusters:\n- name: testbed\n  cluster:\n    server: {q(server)}\n"
-        f"    certificate-authority: {q(str(ca_file))}\n"
-        f"users:\n- name: {q(user)}\n  user:\n    token: {q(token)}\n"
-        f"contexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {q(user)}\n"
-        f"    namespace: {q(namespace)}\n"
-        "current-context: testbed\n")
-    path.chmod(0o600)
-    return path
 
 
 def parse_ray_start(command: str) -> dict[str, str]:
@@ -589,9 +575,10 @@ class PodRunner:
         if status != 201:
             raise RunnerError(f"TokenRequest for {meta['namespace']}/{account} (pod {meta['name']}) "
                               f"returned {status}: {body}")
-        return write_kubeconfig(local.directory / "kubeconfig", server=self.server, ca_file=self.ca_file,
-                                token=body["status"]["token"], namespace=meta["namespace"],
-                                user=f"system:serviceaccount:{meta['namespace']}:{account}")
+        return kubeaccess.write_kubeconfig(
+            local.directory / "kubeconfig", server=self.server, ca_file=self.ca_file,
+            token=body["status"]["token"], namespace=meta["namespace"],
+            user=f"system:serviceaccount:{meta['namespace']}:{account}")
 
     def _mounts(self, pod: dict[str, Any], container: dict[str, Any]) -> list[tuple[Path, Path, bool]]:
         """(source directory, mountPath, readOnly) for each PVC the Ray container mounts."""
