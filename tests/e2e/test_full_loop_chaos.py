@@ -118,8 +118,12 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
         frozen = loop.wait(lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None), timeout=420,
                            what="attempt 2's driver in the middle of a save")
         saving_step = int(frozen.name.rsplit("@", 1)[1])
-        assert (directory / f"tmp_step_{saving_step}" / "manifest.json").exists()
-        assert saving_step not in manifests(directory)  # written, not renamed: an incomplete checkpoint
+        pending = json.loads((directory / f"tmp_step_{saving_step}" / "manifest.json").read_text())
+        assert pending["attempt"] == 2 and pending["step"] == saving_step
+        # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
+        # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace
+        # it (the re-save path moves it to old_step_N first), but it is not attempt 2's.
+        assert manifests(directory).get(saving_step, {}).get("attempt") != 2, manifests(directory)[saving_step]
         chaos.evict(loop.plane, namespace, head, grace_seconds=0)
         moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
 
