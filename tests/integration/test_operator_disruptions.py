@@ -1,0 +1,197 @@
+"""Disruptions other than an eviction, against a real API server with the operator in-process and KubeRay played
+by the double of test_operator_double.py (see there for what it does and why it stands in for KubeRay here):
+
+- the node under the head stops heartbeating (its own kwok process, playing its kubelet, is stopped): the real
+  node lifecycle controller turns it NotReady, the operator ends the attempt as Preempted, and attempt 2 starts
+  only once the real pod garbage collector has removed the old pods (after the node is marked out of service);
+- a queue (Kueue) suspends the attempt's RayJob: Preempted, and attempt 2 resumes from the recorded step;
+- the user suspends the TrainingRun: Suspended, no budget charged, checkpoints kept; unsuspended, the run
+  resumes from the recorded step and can succeed.
+
+Everything asserted is read back through the API server: status, conditions, events and RayJob objects.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, tiny_run
+from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.cluster
+
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+def args_of(job: dict[str, Any]) -> dict[str, str]:
+    argv = shlex.split(job["spec"]["entrypoint"])
+    return dict(zip(argv[3::2], argv[4::2]))
+
+
+def phase_is(cluster: Cluster, run: str, phase: str) -> dict[str, Any] | None:
+    status = cluster.status(run)
+    return status if status.get("phase") == phase else None
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions") or [] if c["type"] == kind)
+
+
+def checkpoint_recorded(cluster: Cluster, run: str, step: int) -> dict[str, Any] | None:
+    latest = (cluster.status(run).get("checkpoints") or {}).get("latest")
+    return latest if latest and latest["step"] == step else None
+
+
+def stays_absent(cluster: Cluster, rayjob: str, seconds: float) -> bool:
+    """True if RayJob `rayjob` does not appear within `seconds` (the operator had time to act and did not)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cluster.rayjob(rayjob) is not None:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def running_with_checkpoint(cluster: Cluster, kuberay: KubeRayDouble, step: int) -> None:
+    """Attempt 1 of `tiny` running, with a checkpoint at `step` recorded from its report."""
+    cluster.apply_run(tiny_run())
+    kuberay.start("tiny-a1")
+    eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 1 Running")
+    cluster.report("tiny", attempt=1, step=step)
+    eventually(lambda: checkpoint_recorded(cluster, "tiny", step), what=f"checkpoint step {step} recorded")
+
+
+@pytest.fixture
+def doomed_node(control_plane: Any) -> Iterator[tuple[str, Any]]:
+    """A node of its own with its own kwok (its kubelet): stopping that process is the node dying."""
+    name = f"doomed-{uuid.uuid4().hex[:6]}"
+    # Tainted so that no other test's scheduled pod lands here; the double binds pods by nodeName.
+    taint = {"key": "trainingrun.dev/testbed", "value": name, "effect": "NoSchedule"}
+    control_plane.create_fake_node(name, taints=[taint], annotations={KWOK_ANNOTATION: name})
+    kubelet = control_plane.start_kwok(manage_single_node=name, name=f"kwok-{name}")
+    try:
+        control_plane.wait_nodes_ready([name])
+        yield name, kubelet
+    finally:
+        kubelet.stop()
+        control_plane.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_waits_for_the_old_pods(
+    control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator,
+    doomed_node: tuple[str, Any],
+) -> None:
+    node, kubelet = doomed_node
+    kuberay.node = node  # the attempt's pods are bound to the doomed node
+    running_with_checkpoint(cluster, kuberay, step=10)
+    (head,) = cluster.pods("trainingrun.dev/attempt=1")
+    assert head.spec.node_name == node
+
+    kubelet.stop()  # the node stops heartbeating; the node lifecycle controller marks it Unknown after its grace
+    ended = eventually(
+        lambda: (lambda a: a if a and a[0].get("end") else None)(cluster.status("tiny").get("attempts")),
+        timeout=120, what="attempt 1 ended after its node stopped heartbeating",
+    )
+    assert ended[0]["reason"] == "Preempted", ended[0]
+    assert f"node {node}" in ended[0]["message"] and "NotReady" in ended[0]["message"], ended[0]
+    status = cluster.status("tiny")
+    assert status["restarts"]["preempted"] == 1
+    assert status["restarts"]["applicationFailure"] == 0 and status["restarts"]["infrastructureFailure"] == 0
+    assert status.get("consecutiveFailures", 0) == 0
+    eventually(lambda: cluster.rayjob("tiny-a1") is None, what="attempt 1's RayJob deleted")
+
+    # Nobody confirms the pods' end on a dead node: they stay, Terminating, and attempt 2 must not start.
+    assert all(p.metadata.deletion_timestamp for p in eventually(
+        lambda: (lambda ps: ps if ps and all(p.metadata.deletion_timestamp for p in ps) else None)(
+            cluster.pods("trainingrun.dev/attempt=1")),
+        what="attempt 1's pods Terminating (the garbage collector followed the RayJob's deletion)",
+    ))
+    assert stays_absent(cluster, "tiny-a2", seconds=4), "attempt 2 was created while attempt 1's pods remained"
+    assert cluster.status("tiny")["phase"] == "Restarting"
+
+    # The node is declared shut down; the pod garbage collector then force-deletes its terminating pods.
+    control_plane.kubectl("taint", "node", node, f"{OUT_OF_SERVICE['key']}={OUT_OF_SERVICE['value']}:NoExecute")
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), timeout=90, what="RayJob tiny-a2 once the old pods are gone")
+    assert not cluster.pods("trainingrun.dev/attempt=1"), "attempt 2 was created before attempt 1's pods were gone"
+    assert args_of(job2)["--resume"] == "10"
+    status = cluster.status("tiny")
+    assert status["attempt"]["number"] == 2 and status["attempt"]["resumedFrom"] == 10
+    assert {"Preempted", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))
+
+
+def test_a_rayjob_suspended_by_a_queue_is_preempted_and_attempt_two_resumes_from_the_recorded_step(
+    cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    running_with_checkpoint(cluster, kuberay, step=10)
+
+    # What Kueue does to a workload it preempts: spec.suspend on the job (then KubeRay tears the cluster down).
+    cluster.custom.patch_namespaced_custom_object(
+        "ray.io", "v1", cluster.namespace, "rayjobs", "tiny-a1", {"spec": {"suspend": True}},
+        _content_type="application/merge-patch+json",
+    )
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after the queue suspended attempt 1")
+    assert args_of(job2)["--resume"] == "10"
+    assert cluster.rayjob("tiny-a1") is None, "the suspended attempt's RayJob is deleted"
+    assert not cluster.pods("trainingrun.dev/attempt=1"), "attempt 2 was created before attempt 1's pods were gone"
+    status = cluster.status("tiny")
+    first = status["attempts"][0]
+    assert first["reason"] == "Preempted" and "suspended by a queue" in first["message"], first
+    assert status["restarts"]["preempted"] == 1 and status["restarts"]["applicationFailure"] == 0
+    assert status["attempt"]["resumedFrom"] == 10
+    assert status["checkpoints"]["latest"]["step"] == 10
+    assert {"Preempted", "Restarting", "DeletedRayJob"} <= set(cluster.events("tiny"))
+
+    kuberay.start("tiny-a2")
+    eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 2 Running")
+
+
+def test_a_suspended_run_keeps_its_checkpoints_and_budgets_and_resumes_from_the_recorded_step_when_unsuspended(
+    cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    running_with_checkpoint(cluster, kuberay, step=10)
+
+    cluster.custom.patch_namespaced_custom_object(
+        "trainingrun.dev", "v1alpha1", cluster.namespace, "trainingruns", "tiny", {"spec": {"suspend": True}},
+        _content_type="application/merge-patch+json",
+    )
+    status = eventually(lambda: phase_is(cluster, "tiny", "Suspended"), what="phase Suspended")
+    suspended = condition(status, "Suspended")
+    assert suspended["status"] == "True" and suspended["observedGeneration"] == cluster.run("tiny")["metadata"]["generation"]
+    assert condition(status, "Running")["status"] == "False"
+    eventually(lambda: cluster.rayjob("tiny-a1") is None, what="attempt 1's RayJob deleted")
+    eventually(lambda: not cluster.pods("trainingrun.dev/attempt=1"), what="attempt 1's pods gone")
+    assert stays_absent(cluster, "tiny-a2", seconds=3), "a suspended run started an attempt"
+    status = cluster.status("tiny")
+    assert status["phase"] == "Suspended"
+    assert status["checkpoints"]["latest"]["step"] == 10, "checkpoints are kept while suspended"
+    assert condition(status, "CheckpointAvailable")["status"] == "True"
+    assert status["restarts"]["total"] == 0, status["restarts"]
+    assert status.get("consecutiveFailures", 0) == 0
+    assert status["attempts"][0]["reason"] == "Suspended"
+    assert {"Suspended", "DeletedRayJob"} <= set(cluster.events("tiny"))
+
+    cluster.custom.patch_namespaced_custom_object(
+        "trainingrun.dev", "v1alpha1", cluster.namespace, "trainingruns", "tiny", {"spec": {"suspend": False}},
+        _content_type="application/merge-patch+json",
+    )
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after unsuspending")
+    assert args_of(job2)["--resume"] == "10"
+    status = cluster.status("tiny")
+    assert status["attempt"]["resumedFrom"] == 10
+    assert condition(status, "Suspended")["status"] == "False"
+
+    kuberay.start("tiny-a2")
+    cluster.report("tiny", attempt=2, step=40)
+    eventually(lambda: checkpoint_recorded(cluster, "tiny", 40), what="attempt 2's checkpoint recorded")
+    kuberay.succeed("tiny-a2")
+    status = eventually(lambda: phase_is(cluster, "tiny", "Succeeded"), what="phase Succeeded")
+    assert condition(status, "Succeeded")["status"] == "True"
+    assert status["restarts"]["total"] == 0
+    assert [a["reason"] for a in status["attempts"]] == ["Suspended", "Succeeded"]
