@@ -7,7 +7,7 @@ our errors onto kopf's. Triggers:
     login               credentials from the same Configuration the API calls use (memo.api)
     probe               liveness: how many runs are supervised
     daemon  TrainingRun one supervisor coroutine per run: reconcile, then wait for a wake-up or the requeue
-    event   TrainingRun wake the run (spec edits, the driver's status.runtime reports)
+    event   TrainingRun wake the run (spec edits, the driver's status.runtime reports; not our own writes)
     event   RayJob      wake the run named by the RayJob's label (KubeRay status changes)
     event   Pod         remember a disrupted pod (departures.py), wake the run named by the pod's label
     event   Node        a node NotReady or deleted: wake every run (their pods may sit on it)
@@ -107,7 +107,7 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
     while not stopped:
         wake.clear()
         try:
-            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock, memo.departures)
+            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock, memo.departures, memo.wakeups)
             failures = 0
         except asyncio.CancelledError:
             raise
@@ -118,18 +118,24 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
         await wakeups.wait_any(wake.wait(), stopped.wait(), timeout=requeue if requeue is not None else memo.resync_seconds)
 
 
+# The event handlers are coroutines on purpose: kopf runs plain functions in a thread pool, and the wake-up
+# signals (asyncio.Event) and the departures memory must only be touched on the event loop.
+
+
 @kopf.on.event(model.GROUP, model.VERSION, model.PLURAL)
-def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _memo(memo).wakeups.wake(_ns(namespace), name)
+async def run_changed(name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo, namespace = _memo(memo), _ns(namespace)
+    if memo.wakeups.is_news(namespace, name, body):  # not our own status write or kopf's finalizer
+        memo.wakeups.wake(namespace, name)
 
 
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={naming.LABEL_RUN: kopf.PRESENT})
-def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
+async def rayjob_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
     _memo(memo).wakeups.wake(_ns(namespace), labels[naming.LABEL_RUN])
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_RUN: kopf.PRESENT})
-def pod_changed(labels: kopf.Labels, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def pod_changed(labels: kopf.Labels, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     memo, namespace, run = _memo(memo), _ns(namespace), labels[naming.LABEL_RUN]
     seen = observation.pod_observation(body, None)
     memo.departures.record(namespace, run, labels.get(naming.LABEL_ATTEMPT, ""), seen)
@@ -137,7 +143,7 @@ def pod_changed(labels: kopf.Labels, namespace: str | None, body: kopf.Body, mem
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(type: str, status: kopf.Status, memo: Any, **_: Any) -> None:
+async def node_changed(type: str, status: kopf.Status, memo: Any, **_: Any) -> None:
     ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     if type == "DELETED" or ready != "True":
         _memo(memo).wakeups.wake_all()

@@ -2,13 +2,22 @@
 
 Several events between two reconciles coalesce into one wake-up; a run is never reconciled by two coroutines
 at once, because only its own supervisor (`handlers.supervise`) reconciles it.
+
+A TrainingRun's own watch events mostly carry the operator's writes (its status patches, kopf's finalizer):
+waking on them costs a pass per write that learns nothing new. What a pass reads from the TrainingRun and did
+not write itself is its generation (spec edits), `status.runtime` (the driver's reports) and the deletion
+mark; `saw` keeps those as the last pass read them and `is_news` tells whether a watch event changes them.
+Every call here happens on the event loop (the kopf handlers that call it are coroutines): asyncio.Event is
+not thread-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+import json
+from collections.abc import Awaitable, Mapping
+from typing import Any
 
 __all__ = ["Wakeups", "wait_any"]
 
@@ -18,6 +27,7 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
+        self._seen: dict[tuple[str, str], tuple[object, ...]] = {}
 
     def event(self, namespace: str, name: str) -> asyncio.Event:
         return self._events.setdefault((namespace, name), asyncio.Event())
@@ -29,11 +39,25 @@ class Wakeups:
         for event in self._events.values():
             event.set()
 
+    def saw(self, namespace: str, name: str, run: Mapping[str, Any]) -> None:
+        """A pass read TrainingRun `run` (a raw object)."""
+        self._seen[(namespace, name)] = _news(run)
+
+    def is_news(self, namespace: str, name: str, run: Mapping[str, Any]) -> bool:
+        """Does `run` (from a watch event) differ from the last pass's read in what the operator did not write?"""
+        return self._seen.get((namespace, name)) != _news(run)
+
     def forget(self, namespace: str, name: str) -> None:
         self._events.pop((namespace, name), None)
+        self._seen.pop((namespace, name), None)
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+def _news(run: Mapping[str, Any]) -> tuple[object, ...]:
+    meta, status = run.get("metadata") or {}, run.get("status") or {}
+    return meta.get("generation"), meta.get("deletionTimestamp"), json.dumps(status.get("runtime"), sort_keys=True)
 
 
 async def wait_any(*waits: Awaitable[object], timeout: float | None) -> None:

@@ -1,0 +1,164 @@
+"""One reconcile pass against an in-memory stand-in for the API (no cluster): which calls overlap, which wait
+for which, and when the next pass is due. The decision itself is tested in test_decision.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import inspect
+import pathlib
+import time
+from typing import Any
+
+import yaml
+
+from trainingrun_operator import handlers, reconciler, wakeups
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
+NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def tiny(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    doc["metadata"] = {"name": "tiny", "namespace": "ns", "uid": "u-1", "generation": 1, "resourceVersion": "10"}
+    if status is not None:
+        doc["status"] = status
+    return dict(doc)
+
+
+class FakeApi:
+    """The Api's methods that a pass calls, over dicts; records the order of calls. `delay` slows every call."""
+
+    def __init__(self, run: dict[str, Any], jobs: list[dict[str, Any]] | None = None, delay: float = 0.0) -> None:
+        self.run, self.jobs, self.delay = run, jobs or [], delay
+        self.log: list[str] = []
+        self.in_flight: set[str] = set()
+        self.overlapped: dict[str, set[str]] = {}
+
+    async def _call(self, what: str, result: Any = None) -> Any:
+        self.log.append(f"start {what}")
+        self.overlapped[what] = set(self.in_flight)
+        for other in self.in_flight:
+            self.overlapped[other].add(what)
+        self.in_flight.add(what)
+        await asyncio.sleep(self.delay)
+        self.in_flight.discard(what)
+        self.log.append(f"end {what}")
+        return result
+
+    async def get_trainingrun(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._call("get run", copy.deepcopy(self.run))
+
+    async def list_rayjobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        return await self._call("list rayjobs", copy.deepcopy(self.jobs))
+
+    async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        return await self._call("list pods", [])
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        return await self._call(f"get node {name}")
+
+    async def patch_trainingrun_status(self, namespace: str, name: str, patch: dict[str, Any]) -> str | None:
+        await self._call("patch status")
+        return "11"
+
+    async def create_service_account(self, body: dict[str, Any]) -> bool:
+        return bool(await self._call("create serviceaccount", True))
+
+    async def create_role(self, body: dict[str, Any]) -> bool:
+        return bool(await self._call("create role", True))
+
+    async def create_role_binding(self, body: dict[str, Any]) -> bool:
+        return bool(await self._call("create rolebinding", True))
+
+    async def create_rayjob(self, body: dict[str, Any]) -> bool:
+        return bool(await self._call("create rayjob", True))
+
+    async def delete_rayjob(self, namespace: str, name: str) -> bool:
+        return bool(await self._call(f"delete rayjob {name}", True))
+
+    async def post_event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        await self._call(f"event {reason}")
+
+
+async def test_a_pass_reads_the_run_its_rayjobs_and_its_pods_concurrently() -> None:
+    api = FakeApi(tiny(), delay=0.01)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.overlapped["get run"] >= {"list rayjobs", "list pods"}
+    assert api.log[:3] == ["start get run", "start list rayjobs", "start list pods"]
+
+
+async def test_the_identity_objects_go_out_with_the_status_write_and_the_rayjob_only_after_both() -> None:
+    api = FakeApi(tiny(), delay=0.01)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.overlapped["patch status"] >= {"create serviceaccount", "create role", "create rolebinding"}
+    created = api.log.index("start create rayjob")
+    for before in ("end patch status", "end create serviceaccount", "end create role", "end create rolebinding"):
+        assert api.log.index(before) < created, f"{before} after the RayJob's creation: {api.log}"
+    assert not api.overlapped["create rayjob"] - {"event AttemptStarted", "event CreatedRayJob"}
+
+
+async def test_a_pass_notes_what_it_read_so_that_its_own_writes_wake_no_one_but_a_report_or_spec_edit_does() -> None:
+    api, signals = FakeApi(tiny()), wakeups.Wakeups()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, None, signals)  # type: ignore[arg-type]
+    own_write = tiny({"phase": "Starting", "attempt": {"number": 1}})
+    own_write["metadata"].update(resourceVersion="11", finalizers=["trainingrun.dev/finalizer"])
+    assert not signals.is_news("ns", "tiny", own_write)
+    report = copy.deepcopy(own_write)
+    report["status"]["runtime"] = {"attempt": 1, "step": 10}
+    edit = copy.deepcopy(own_write)
+    edit["metadata"]["generation"] = 2
+    deleting = copy.deepcopy(own_write)
+    deleting["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    assert signals.is_news("ns", "tiny", report) and signals.is_news("ns", "tiny", edit)
+    assert signals.is_news("ns", "tiny", deleting) and signals.is_news("ns", "other", own_write)
+
+
+def running_attempt_whose_rayjob_failed() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    status = {
+        "phase": "Running", "reason": "AttemptRunning",
+        "attempt": {"number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z"},
+        "identity": {"serviceAccountName": "tiny-driver", "roleName": "tiny-driver", "roleBindingName": "tiny-driver"},
+        "restarts": {"total": 0, "preempted": 0, "applicationFailure": 0, "infrastructureFailure": 0, "failedRestore": 0},
+    }
+    job = {
+        "metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
+        "spec": {},
+        "status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                   "message": "Job entrypoint command failed with exit code 1"},
+    }
+    return tiny(status), [job]
+
+
+async def test_the_next_pass_is_due_a_backoff_after_the_decision_not_after_the_passs_writes() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    api = FakeApi(run, jobs, delay=0.1)  # each write takes 100 ms: patch, then delete, then the events
+    requeue = await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "start delete rayjob tiny-a1" in api.log
+    # tiny.yaml's backoff starts at 1 s; about 0.3 s of the pass went by after the decision.
+    assert requeue is not None and 0.5 < requeue <= 0.8, requeue
+
+
+async def test_a_zero_delay_stays_zero_however_long_the_pass_took() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    run["spec"]["restartPolicy"]["backoff"] = {"initialSeconds": 0.05, "maxSeconds": 0.05, "factor": 1}
+    started = time.monotonic()
+    requeue = await reconciler.reconcile(FakeApi(run, jobs, delay=0.05), "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert time.monotonic() - started > 0.05 and requeue == 0.0
+
+
+async def test_watch_handlers_are_coroutines_and_a_runs_event_wakes_it_only_with_news() -> None:
+    # kopf runs plain functions in threads; asyncio.Event must be set on the loop.
+    for handler in (handlers.run_changed, handlers.rayjob_changed, handlers.pod_changed, handlers.node_changed):
+        assert inspect.iscoroutinefunction(handler), handler.__name__
+    memo = handlers.Memo(api=None)  # type: ignore[arg-type]
+    event = memo.wakeups.event("ns", "tiny")
+    await handlers.run_changed(name="tiny", namespace="ns", body=tiny(), memo=memo)
+    assert event.is_set(), "a run no pass has read yet was not woken"
+    event.clear()
+    memo.wakeups.saw("ns", "tiny", tiny())
+    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"phase": "Running"}), memo=memo)
+    assert not event.is_set(), "the operator's own status write woke the run"
+    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo)
+    assert event.is_set(), "the driver's report did not wake the run"
