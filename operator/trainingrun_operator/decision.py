@@ -7,7 +7,7 @@ One pass runs in a fixed order:
 
     terminal? ──> (Failed: delete a leftover RayJob) done
     validate spec ──> invalid: Failed (condition names the field)
-    fold status.runtime (fenced: only the current attempt's report counts) into checkpoints
+    fold status.runtime (fenced: only the current attempt's report, until it ends unless it succeeded)
     delete RayJobs of other attempts
     switch on phase:
       Pending     -> suspended? Suspended : start attempt 1
@@ -190,6 +190,11 @@ class _Pass:
             return
         if report.attempt != attempt.number:
             return  # a stale attempt's report: never recorded (fencing)
+        if attempt.end is not None and attempt.reason != "Succeeded":
+            # The attempt ended (preempted, failed, suspended) and the next one may already be pinned to a step:
+            # its driver may still be alive (a partitioned node), so nothing it says is recorded any more. A
+            # succeeded attempt's final report may be read after the RayJob's completion; that one counts.
+            return
         ckpt = report.last_checkpoint
         book = self.status.checkpoints or model.CheckpointsStatus()
         latest = book.latest

@@ -248,6 +248,35 @@ def test_a_report_from_a_stale_attempt_is_ignored() -> None:
     assert [h["step"] for h in store.status["checkpoints"]["history"]] == [10, 20]
 
 
+def test_a_report_of_an_ended_attempt_is_not_recorded_before_the_next_attempt_starts() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    store.decide(preempted(1))
+    assert store.phase == "Restarting"
+    store.report(1, 15)  # attempt 1's driver lives on (a partitioned node) and saves once more
+    result = store.decide(deleting(1))
+    assert store.status["checkpoints"]["latest"]["step"] == 10
+    assert not any(isinstance(a, Event) and a.reason == "CheckpointRecorded" for a in result.actions)
+    store.now += datetime.timedelta(seconds=60)
+    (create,) = creates(store.decide(gone(1)))
+    assert create.resume == 10 and store.status["attempt"]["resumedFrom"] == 10
+
+
+def test_the_final_report_of_a_succeeded_attempt_counts_when_read_after_the_rayjob_completed() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 35)
+    store.decide(running(1))
+    done = AttemptObservation(number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED"))
+    store.decide(done)
+    assert store.phase == "Succeeded" and store.status["checkpoints"]["latest"]["step"] == 35
+    store.report(1, 40, finished=True)  # the driver wrote it before exiting; this pass reads it late
+    store.decide(done)
+    assert store.phase == "Succeeded" and store.status["checkpoints"]["latest"]["step"] == 40
+
+
 def test_checkpoint_history_is_bounded() -> None:
     store = Store()
     start_and_run(store)
