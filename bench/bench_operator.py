@@ -1,17 +1,24 @@
 """Benchmark (not a test): the operator's reaction times and memory against a real API server, side by side with
 KubeRay's own controller and with a bare kopf handler, measured in one run on one test bed.
 
-What it measures (phases in this order, each on a quiet API server: the bare kopf floor, ours, then KubeRay; every latency from the moment the client sends the create/patch to the moment a watch on the
-same API server sees the resulting object; all three paced alike, `--rate` objects per second):
+Side by side, not in turns: the three controllers run at the same time, each watching its own namespace, and
+are fed at the same moments (`--rate` objects per second each, creations interleaved in a rotating order), so
+that the same API server, the same machine load and the same noise fall on all three. Every latency runs from
+the moment the client sends the create to the moment a watch on the same API server sees the result:
 
 - apply -> RayJob: a TrainingRun is created; our operator (`trainingrun operator`, a subprocess) creates the
-  attempt's RayJob. p50 and p99 over `--runs` runs.
-- the peer, KubeRay's RayJob -> RayCluster: the real KubeRay v1.5.0 operator (from the test bed) creates the
-  RayCluster of each of `--runs` RayJobs.
+  attempt's RayJob. p50, p90 and p99 over `--runs` runs.
+- the peer, KubeRay's RayJob -> RayCluster: the real KubeRay v1.5.0 operator (from the test bed,
+  `--watch-namespace` its own) creates the RayCluster of each of `--runs` RayJobs (InteractiveMode).
 - the floor of the framework: a bare kopf operator whose only handler creates one ConfigMap per custom object.
+
+Then, with the two peers stopped, our operator alone:
 - failure -> next RayJob, beyond the backoff: a RayJob is marked failed (as KubeRay does: Failed/AppFailed);
   the time until the next attempt's RayJob appears, minus the configured backoff (0.5 s). One at a time.
-- operator RSS (VmRSS of the process) with 200 and with 500 TrainingRuns supervised.
+- operator RSS (VmRSS of the process) with `--runs` and with `--total` TrainingRuns supervised.
+
+The machine's load average (1/5/15 min) is recorded before and after each part: on the shared 2-core machine
+the absolute figures move with it, the ratios much less.
 
 Goals (issue 5): apply p99 <= 2x KubeRay's p99 in the same run; failure -> next within 200 ms beyond the
 backoff; RSS < 200 MB at 500 runs. The ratios are printed and merged into `bench-results.json` at the
@@ -25,10 +32,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -94,7 +101,7 @@ class Seen:
         self._watch.stop()
 
 
-def paced(names: list[str], rate: float, create: Callable[[str], None]) -> dict[str, float]:
+def paced(names: list[str], rate: float, create: Callable[[str], object]) -> dict[str, float]:
     """Create one object per name at `rate` per second; returns the send time (perf_counter) of each."""
     sent: dict[str, float] = {}
     start = time.perf_counter()
@@ -105,10 +112,6 @@ def paced(names: list[str], rate: float, create: Callable[[str], None]) -> dict[
         sent[name] = time.perf_counter()
         create(name)
     return sent
-
-
-def latencies_ms(sent: dict[str, float], seen: Seen, key: Callable[[str], str]) -> list[float]:
-    return [(seen.first[key(name)] - t) * 1000 for name, t in sent.items()]
 
 
 @contextlib.contextmanager
@@ -172,34 +175,6 @@ def bare_rayjob(name: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- the phases
 
 
-def bench_kuberay(plane: Any, runs: int, rate: float, work: pathlib.Path) -> dict[str, float]:
-    ns = namespace(plane, "bench-kuberay")
-    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
-    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
-    argv = [str(plane.bin_dir / "kuberay-operator"), "--kubeconfig", str(plane.kubeconfig),
-            "--enable-leader-election=false", "--metrics-addr", "0", "--health-probe-bind-address", "0"]
-    with process(argv, env, work / "kuberay.log") as proc:
-        time.sleep(5)  # caches synced
-        seen = Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns, "rayclusters")
-        names = [f"kr{i:03d}" for i in range(runs)]
-        sent = paced(names, rate, lambda n: custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", bare_rayjob(n)))
-
-        def cluster_of(name: str) -> str:
-            while True:  # KubeRay names the cluster <rayjob>-<5 random chars>; read it from the RayJob status
-                status = custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", name).get("status") or {}
-                if status.get("rayClusterName"):
-                    return str(status["rayClusterName"])
-                time.sleep(0.05)
-
-        clusters = {n: cluster_of(n) for n in names}
-        seen.wait_for(list(clusters.values()), timeout=120)
-        values = latencies_ms(sent, seen, clusters.__getitem__)
-        memory = rss_mb(proc.pid)
-        seen.stop()
-    plane.kubectl("delete", "namespace", ns, "--wait=false")
-    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "rss_mb": memory}
-
-
 BARE_KOPF = textwrap.dedent('''
     import kopf, kubernetes
 
@@ -227,75 +202,144 @@ BENCH_CRD = {
 }
 
 
-def bench_bare_kopf(plane: Any, runs: int, rate: float, work: pathlib.Path) -> dict[str, float]:
-    ns = namespace(plane, "bench-kopf")
-    plane.kubectl("apply", "-f", "-", input=json.dumps(BENCH_CRD))
-    plane.kubectl("wait", "--for=condition=Established", "crd/benchobjects.bench.trainingrun.dev", "--timeout=60s")
-    script = work / "bare_kopf.py"
-    script.write_text(BARE_KOPF)
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def wait_healthy(port: int, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError):
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: liveness endpoint never answered")
+        time.sleep(0.2)
+
+
+@dataclasses.dataclass
+class Side:
+    """One of the three controllers under test: how to create one object, the watch that sees the result,
+    and the result's name for an object's name."""
+
+    label: str
+    create: Callable[[str], object]
+    seen: Seen
+    result_of: Callable[[str], str]
+
+
+def side_by_side(sides: list[Side], runs: int, rate: float) -> dict[str, dict[str, float]]:
+    """Create `runs` objects on every side, interleaved: at each tick (`rate` per second per side) one object
+    per side, the order rotating so no side is always first. Every side sees the same API server, the same
+    machine load and the same moments. Returns, per side, its object name -> the send time (perf_counter)."""
+    sent: dict[str, dict[str, float]] = {side.label: {} for side in sides}
+    start = time.perf_counter()
+    for i in range(runs):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        for k in range(len(sides)):
+            side = sides[(i + k) % len(sides)]
+            name = f"{side.label[0]}{i:03d}"
+            sent[side.label][name] = time.perf_counter()
+            side.create(name)
+    return sent
+
+
+def bench_side_by_side(
+    plane: Any, runs: int, rate: float, work: pathlib.Path, peers: contextlib.ExitStack, ours_stack: contextlib.ExitStack
+) -> tuple[dict[str, Any], int]:
+    """KubeRay, the bare kopf floor and our operator, running and fed at the same time. The peers' processes
+    go on `peers`, ours on `ours_stack` (it keeps running for the later phases); returns the figures and our pid."""
     client = plane.api_client()
     custom, core = kubernetes.client.CustomObjectsApi(client), kubernetes.client.CoreV1Api(client)
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-    argv = [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns, "--log-format=plain", "-q", str(script)]
-    with process(argv, env, work / "bare_kopf.log") as proc:
-        time.sleep(5)
-        seen = Seen(core.list_namespaced_config_map, ns)
-        names = [f"b{i:03d}" for i in range(runs)]
-        body = lambda n: {"apiVersion": "bench.trainingrun.dev/v1", "kind": "BenchObject", "metadata": {"name": n}}  # noqa: E731
-        sent = paced(names, rate, lambda n: custom.create_namespaced_custom_object("bench.trainingrun.dev", "v1", ns, "benchobjects", body(n)))
-        seen.wait_for(names, timeout=120)
-        values = latencies_ms(sent, seen, lambda n: n)
-        memory = rss_mb(proc.pid)
-        seen.stop()
-    delete_namespace(plane, ns)
-    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "rss_mb": memory}
+    ns_kuberay, ns_kopf, ns_ours = (namespace(plane, n) for n in ("bench-kuberay", "bench-kopf", "bench-operator"))
+    plane.kubectl("apply", "-f", "-", input=json.dumps(BENCH_CRD))
+    plane.kubectl("wait", "--for=condition=Established", "crd/benchobjects.bench.trainingrun.dev", "--timeout=60s")
+
+    kuberay = peers.enter_context(process(
+        [str(plane.bin_dir / "kuberay-operator"), "--kubeconfig", str(plane.kubeconfig), "--enable-leader-election=false",
+         "--metrics-addr", "0", "--health-probe-bind-address", "0", "--watch-namespace", ns_kuberay],
+        {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}, work / "kuberay.log"))
+    script = work / "bare_kopf.py"
+    script.write_text(BARE_KOPF)
+    kopf_port, our_port = controlplane.free_port(), controlplane.free_port()
+    bare = peers.enter_context(process(
+        [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns_kopf, "--log-format=plain", "-q",
+         f"--liveness=http://127.0.0.1:{kopf_port}/healthz", str(script)],
+        {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}, work / "bare_kopf.log"))
+    ours = ours_stack.enter_context(process(
+        [str(ROOT / ".venv" / "bin" / "trainingrun"), "--log-level", "WARNING", "operator", "--kubeconfig",
+         str(plane.kubeconfig), "-n", ns_ours, "--liveness", f"http://127.0.0.1:{our_port}/healthz"],
+        dict(os.environ), work / "operator.log"))
+    wait_healthy(kopf_port, "bare kopf")
+    wait_healthy(our_port, "trainingrun operator")
+    time.sleep(5)  # KubeRay's caches synced (it has no probe here)
+
+    clusters: dict[str, str] = {}
+
+    def cluster_of(name: str) -> str:
+        while name not in clusters:  # KubeRay names the cluster <rayjob>-<5 random chars>; read it from the RayJob
+            status = custom.get_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", name).get("status") or {}
+            if status.get("rayClusterName"):
+                clusters[name] = str(status["rayClusterName"])
+            else:
+                time.sleep(0.05)
+        return clusters[name]
+
+    kopf_body = lambda n: {"apiVersion": "bench.trainingrun.dev/v1", "kind": "BenchObject", "metadata": {"name": n}}  # noqa: E731
+    sides = [
+        Side("kuberay", lambda n: custom.create_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", bare_rayjob(n)),
+             Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_kuberay, "rayclusters"), cluster_of),
+        Side("bare-kopf", lambda n: custom.create_namespaced_custom_object("bench.trainingrun.dev", "v1", ns_kopf, "benchobjects", kopf_body(n)),
+             Seen(core.list_namespaced_config_map, ns_kopf), lambda n: n),
+        Side("ours", lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns_ours, "trainingruns", training_run(n)),
+             Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_ours, "rayjobs"), lambda n: f"{n}-a1"),
+    ]
+    load_before = load()
+    sent = side_by_side(sides, runs, rate)
+    load_after = load()
+    figures: dict[str, Any] = {"load_before": load_before, "load_after": load_after}
+    for side in sides:
+        names = list(sent[side.label])
+        results = {n: side.result_of(n) for n in names}
+        side.seen.wait_for(list(results.values()), timeout=180)
+        values = [(side.seen.first[results[n]] - t) * 1000 for n, t in sent[side.label].items()]
+        figures[side.label] = {"p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99)}
+        side.seen.stop()
+    time.sleep(5)
+    for label, proc in (("kuberay", kuberay), ("bare-kopf", bare), ("ours", ours)):
+        figures[label]["rss_mb"] = rss_mb(proc.pid)
+    return figures, ours.pid
 
 
-def bench_operator(plane: Any, runs: int, total: int, failures: int, rate: float, work: pathlib.Path) -> dict[str, float]:
-    ns = namespace(plane, "bench-operator")
+def bench_failures_and_memory(plane: Any, pid: int, runs: int, total: int, failures: int, rate: float) -> dict[str, Any]:
+    """Our operator alone (the others stopped): failure -> next RayJob, one at a time; then RSS at `total` runs."""
+    ns = "bench-operator"
     custom = kubernetes.client.CustomObjectsApi(plane.api_client())
-    port = controlplane.free_port()
-    argv = [str(ROOT / ".venv" / "bin" / "trainingrun"), "--log-level", "WARNING", "operator",
-            "--kubeconfig", str(plane.kubeconfig), "-n", ns, "--liveness", f"http://127.0.0.1:{port}/healthz"]
-    figures: dict[str, float] = {}
-    with process(argv, dict(os.environ), work / "operator.log") as proc:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("operator liveness endpoint never answered")
-            time.sleep(0.2)
-        jobs = Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns, "rayjobs")
-        create = lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns, "trainingruns", training_run(n))  # noqa: E731
+    jobs = Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns, "rayjobs")
+    figures: dict[str, Any] = {"load_before": load()}
+    beyond = []
+    for i in range(failures):
+        name = f"o{i:03d}"
+        failed = {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                             "message": "Job entrypoint command failed with exit code 1"}}
+        t0 = time.perf_counter()
+        custom.patch_namespaced_custom_object_status("ray.io", "v1", ns, "rayjobs", f"{name}-a1", failed,
+                                                     _content_type="application/merge-patch+json")
+        jobs.wait_for([f"{name}-a2"], timeout=60)
+        beyond.append((jobs.first[f"{name}-a2"] - t0 - BACKOFF_SECONDS) * 1000)
+    figures["failure_p50"], figures["failure_p99"] = percentile(beyond, 50), percentile(beyond, 99)
+    figures["failure_max"] = max(beyond)
 
-        names = [f"r{i:03d}" for i in range(runs)]
-        sent = paced(names, rate, create)
-        jobs.wait_for([f"{n}-a1" for n in names], timeout=180)
-        values = latencies_ms(sent, jobs, lambda n: f"{n}-a1")
-        figures["apply_p50"], figures["apply_p99"] = percentile(values, 50), percentile(values, 99)
-        time.sleep(5)
-        figures["rss_runs"] = rss_mb(proc.pid)
-
-        beyond = []
-        for name in names[:failures]:
-            failed = {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
-                                 "message": "Job entrypoint command failed with exit code 1"}}
-            t0 = time.perf_counter()
-            custom.patch_namespaced_custom_object_status("ray.io", "v1", ns, "rayjobs", f"{name}-a1", failed,
-                                                         _content_type="application/merge-patch+json")
-            jobs.wait_for([f"{name}-a2"], timeout=60)
-            beyond.append((jobs.first[f"{name}-a2"] - t0 - BACKOFF_SECONDS) * 1000)
-        figures["failure_p50"], figures["failure_p99"] = percentile(beyond, 50), percentile(beyond, 99)
-
-        more = [f"r{i:03d}" for i in range(runs, total)]
-        paced(more, rate, create)
-        jobs.wait_for([f"{n}-a1" for n in more], timeout=300)
-        time.sleep(10)
-        figures["rss_total"] = rss_mb(proc.pid)
-        jobs.stop()
-        delete_namespace(plane, ns)  # while the operator runs: it removes its finalizers
+    create = lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns, "trainingruns", training_run(n))  # noqa: E731
+    more = [f"o{i:03d}" for i in range(runs, total)]
+    paced(more, rate, create)
+    jobs.wait_for([f"{n}-a1" for n in more], timeout=300)
+    time.sleep(10)
+    figures["rss_total"] = rss_mb(pid)
+    figures["load_after"] = load()
+    jobs.stop()
     return figures
 
 
@@ -319,26 +363,36 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp, controlplane.ControlPlane(nodes=1) as plane:
         work = pathlib.Path(tmp)
-        # KubeRay last: it reconciles every RayJob in the cluster, so ours must be gone before it starts.
-        bare = bench_bare_kopf(plane, args.runs, args.rate, work)
-        ours = bench_operator(plane, args.runs, args.total, args.failures, args.rate, work)
-        kuberay = bench_kuberay(plane, args.runs, args.rate, work)
+        with contextlib.ExitStack() as ours_stack:
+            with contextlib.ExitStack() as peers:
+                side, pid = bench_side_by_side(plane, args.runs, args.rate, work, peers, ours_stack)
+            alone = bench_failures_and_memory(plane, pid, args.runs, args.total, args.failures, args.rate)
+            delete_namespace(plane, "bench-operator")  # while the operator runs: it removes its finalizers
+    ours, kuberay, bare = side["ours"], side["kuberay"], side["bare-kopf"]
     figures = {
         "runs": args.runs,
-        "apply_to_rayjob_p50_ms": round(ours["apply_p50"], 1),
-        "apply_to_rayjob_p99_ms": round(ours["apply_p99"], 1),
+        "rate_per_side": args.rate,
+        "method": "side by side: all three controllers run at once, creations interleaved (rotating order)",
+        "load_avg_1_5_15_side_by_side": f"{side['load_before']} -> {side['load_after']}",
+        "load_avg_1_5_15_failures_and_memory": f"{alone['load_before']} -> {alone['load_after']}",
+        "apply_to_rayjob_p50_ms": round(ours["p50"], 1),
+        "apply_to_rayjob_p90_ms": round(ours["p90"], 1),
+        "apply_to_rayjob_p99_ms": round(ours["p99"], 1),
         "kuberay_rayjob_to_raycluster_p50_ms": round(kuberay["p50"], 1),
+        "kuberay_rayjob_to_raycluster_p90_ms": round(kuberay["p90"], 1),
         "kuberay_rayjob_to_raycluster_p99_ms": round(kuberay["p99"], 1),
         "bare_kopf_create_p50_ms": round(bare["p50"], 1),
         "bare_kopf_create_p99_ms": round(bare["p99"], 1),
-        "apply_p99_vs_kuberay_p99": round(ours["apply_p99"] / kuberay["p99"], 2),
-        "apply_p99_vs_bare_kopf_p99": round(ours["apply_p99"] / bare["p99"], 2),
-        "failure_to_next_rayjob_ms_beyond_backoff": round(ours["failure_p99"], 1),
-        "failure_to_next_rayjob_ms_beyond_backoff_p50": round(ours["failure_p50"], 1),
+        "apply_p99_vs_kuberay_p99": round(ours["p99"] / kuberay["p99"], 2),
+        "apply_p50_vs_kuberay_p50": round(ours["p50"] / kuberay["p50"], 2),
+        "apply_p99_vs_bare_kopf_p99": round(ours["p99"] / bare["p99"], 2),
+        "failure_to_next_rayjob_ms_beyond_backoff": round(alone["failure_p99"], 1),
+        "failure_to_next_rayjob_ms_beyond_backoff_p50": round(alone["failure_p50"], 1),
+        "failure_to_next_rayjob_ms_beyond_backoff_max": round(alone["failure_max"], 1),
         "backoff_seconds": BACKOFF_SECONDS,
-        f"operator_rss_mb_{args.runs}_runs": round(ours["rss_runs"], 1),
-        f"operator_rss_mb_{args.total}_runs": round(ours["rss_total"], 1),
-        "operator_rss_mb_500_runs": round(ours["rss_total"], 1) if args.total == 500 else None,
+        f"operator_rss_mb_{args.runs}_runs": round(ours["rss_mb"], 1),
+        f"operator_rss_mb_{args.total}_runs": round(alone["rss_total"], 1),
+        "operator_rss_mb_500_runs": round(alone["rss_total"], 1) if args.total == 500 else None,
         f"kuberay_rss_mb_{args.runs}_rayjobs": round(kuberay["rss_mb"], 1),
         f"bare_kopf_rss_mb_{args.runs}_objects": round(bare["rss_mb"], 1),
         "goals": {
