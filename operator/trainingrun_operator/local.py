@@ -290,6 +290,9 @@ class LocalRun:
             "--root", str(self.root),
             "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
             "--reporter", "file",
+            # No metadata.uid without an API server: the run's first start time names this run (a fresh
+            # status.json is a new run, which takes the directory over from any driver of the old one).
+            "--run-uid", f"local-{self.name}-{self.status.get('startTime')}",
         ]
         marker = f"{self.dir}#{action.number}#{os.getpid()}"
         env = {**os.environ, MARKER_ENV: marker}

@@ -3,7 +3,7 @@
 Called by `handlers.py` when the decision core asks for `CreateAttempt`. The shape (KubeRay v1.5.0, ray.io/v1):
 
     RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt
-      spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
+      spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ... --run-uid UID
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
@@ -39,8 +39,14 @@ def checkpoint_root(spec: model.TrainingRunSpec) -> str:
     return posixpath.join(CHECKPOINT_MOUNT, path) if path else CHECKPOINT_MOUNT
 
 
-def entrypoint(run: str, namespace: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec) -> str:
-    """The driver command line, every argument shell-quoted (the config JSON comes from the user)."""
+def entrypoint(
+    run: str, namespace: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec, uid: str | None = None
+) -> str:
+    """The driver command line, every argument shell-quoted (the config JSON comes from the user).
+
+    With `uid` (the TrainingRun's), the driver claims the run directory as (uid, attempt): a driver of an
+    ended attempt that lives on stops writing there (`trainingrun_runtime.fence`).
+    """
     config = validation.runtime_config(spec).model_dump(mode="json", by_alias=True)
     argv = [
         "python", "-m", "trainingrun_runtime",
@@ -52,6 +58,8 @@ def entrypoint(run: str, namespace: str, attempt: int, resume: int | None, spec:
         "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
         "--reporter", "kubernetes",
     ]
+    if uid is not None:
+        argv += ["--run-uid", uid]
     return shlex.join(argv)
 
 
@@ -140,7 +148,7 @@ def build_rayjob(
             "ownerReferences": [owner_reference(run, uid)],
         },
         "spec": {
-            "entrypoint": entrypoint(run, namespace, attempt, resume, spec),
+            "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid),
             "submissionMode": "HTTPMode",
             "backoffLimit": 0,
             "shutdownAfterJobFinishes": True,

@@ -45,7 +45,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
@@ -698,8 +698,11 @@ def apply_retention(
     keep_every: int | None = None,
     *,
     verified: str | os.PathLike[str] | None = None,
+    protect: Collection[int] = (),
 ) -> RetentionResult:
     """Keep the newest `keep_last` valid checkpoints and every step divisible by `keep_every`; delete the rest.
+
+    Steps in `protect` are kept too (the driver passes the step the operator would resume from).
 
     The newest valid checkpoint is never deleted, whatever the arguments: it is found
     like `discover` does (full checksums, newest first), except that the step directory
@@ -734,6 +737,7 @@ def apply_retention(
     keep = set(valid[: max(keep_last, 1)])
     if keep_every is not None:
         keep |= {s for s in valid if s % keep_every == 0}
+    keep |= set(protect)
     kept: list[Path] = []
     deleted: list[Path] = []
     for s, p in reversed(steps):

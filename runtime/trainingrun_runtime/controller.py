@@ -24,6 +24,13 @@
       ── the train pump goes on from here; the rest runs as task checkpoint-commit-N, overlapping training ──
       commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
       report (only now), retention            (the next save, and the end of the run, wait for this task)
+        retention keeps the step the operator would resume from (read from the status); an attempt the
+        operator has already ended stops here (Superseded)
+
+    fence: before a save's begin, its rename and retention, owner.json must still name this attempt (else
+    Superseded: a zombie of an ended attempt stops writing; `fence.py`)
+    reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
+    after a step (step, reward), one at a time and in order (reporter.ProgressReports)
 
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
@@ -61,6 +68,7 @@ from trainingrun_runtime import (
     dataloader,
     dataplane,
     events,
+    fence,
     grpo,
     ledger,
     policy,
@@ -123,6 +131,10 @@ class SingleControllerActorArgs:
     event_log: events.EventLog
     crash: crashpoints.CrashPoints
     last_checkpoint: reporter.CheckpointReport | None = None
+    progress_period_s: float = reporter.PROGRESS_PERIOD_S
+    run_uid: str | None = None
+    """The TrainingRun's uid: with `attempt`, the owner this driver claimed the run directory as (`fence`)."""
+    """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +186,11 @@ class SingleController:
         self.rewards: list[float] = []
         self._saving_step = -1
         self.last_checkpoint = a.last_checkpoint
+        self.reports = reporter.ProgressReports(
+            a.status_reporter,
+            lambda: self.status(a.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
+            period_s=a.progress_period_s,
+        )
         tasks = {asyncio.create_task(self._train_pump(), name="train-pump")}
         lanes = 2 * len(a.generators)
         for i in range(lanes):
@@ -181,6 +198,7 @@ class SingleController:
             tasks.add(asyncio.create_task(self._rollout_lane(worker), name=f"rollout-lane-{i}"))
         a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
         await _supervise(tasks, until="train-pump")
+        await self.reports.drain()  # the driver's final report comes after every report of this actor
         sha = await a.policy.weights_sha256()
         a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
         mean = None if not self.rewards else self.rewards[-1]
@@ -277,6 +295,7 @@ class SingleController:
             await self._sync_weights()
             done = a.sampler.step
             a.event_log.emit("step_done", step=done, reward=reward)
+            self.reports.step_done()  # status.runtime.step, in the background, at most once per period
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:
@@ -331,6 +350,7 @@ class SingleController:
         """Write step N: policy and the barrier cut inline (the train pump waits), then commit in the background."""
         a = self.args
         await self._finish_commit()  # one save at a time: begin() cleans every tmp_step_* it finds
+        self._fence("begin a save")  # begin() would clean a newer attempt's unfinished tmp_step_*
         self._saving_step = step
         pending = await asyncio.to_thread(self.saver.begin, step)
         try:
@@ -358,6 +378,7 @@ class SingleController:
             loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
             await asyncio.to_thread(torch.save, loader_state, pending.path / bundle.TRAIN_DATALOADER)
             extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
+            self._fence(f"rename tmp_step_{step}")
             path = await asyncio.to_thread(
                 lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
             )
@@ -371,10 +392,38 @@ class SingleController:
         self.exclusive_s.append(snap.exclusive_s)
         a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
                          exclusive_s=snap.exclusive_s)
-        await asyncio.to_thread(a.status_reporter.report, self.status(step, reward, finished=False))
+        await self.reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
         a.crash.reach("reported", step)
+        await self._retain(path)
+
+    async def _retain(self, path: Path) -> None:
+        """Retention that never deletes the step the operator would resume from; stop if the attempt ended.
+
+        An attempt the operator has ended can live on for a while (a pod in its termination grace period
+        trains and saves on; a partitioned node): its reports are no longer recorded, so the step the next
+        attempt is pinned to falls behind, and plain keep-last retention would delete it.
+        """
+        a = self.args
         cp = a.config.checkpoint
-        await asyncio.to_thread(bundle.apply_retention, a.root, a.run, cp.keep_last, cp.keep_every, verified=path)
+        view = await asyncio.to_thread(a.status_reporter.operator_view)
+        if view is None:
+            log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
+            return
+        if view.ended(a.attempt):
+            raise fence.Superseded(
+                f"the operator ended attempt {a.attempt} (its current attempt: {view.attempt}); this driver lives on "
+                "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
+            )
+        protect = () if view.pinned is None else (view.pinned,)
+        self._fence("apply retention")  # it could delete the step a newer attempt restored from
+        await asyncio.to_thread(
+            lambda: bundle.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
+        )
+
+    def _fence(self, doing: str) -> None:
+        """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""
+        a = self.args
+        fence.check(bundle.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
 
     async def _finish_commit(self) -> None:
         """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""

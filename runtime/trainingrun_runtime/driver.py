@@ -7,6 +7,7 @@
 
     python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step>
         --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file [--event-log FILE]
+        [--run-uid UID] [--progress-period SECONDS]
 
 Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
 (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
@@ -23,7 +24,7 @@ import traceback
 
 import pydantic
 
-from trainingrun_runtime import config, events, reporter, setup
+from trainingrun_runtime import config, events, fence, reporter, setup
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
 
@@ -46,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
     p.add_argument("--event-log", default=None, help="append start-up/controller events as JSON lines here")
     p.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of a local Ray (ignored with RAY_ADDRESS)")
+    p.add_argument("--run-uid", default=None,
+                   help="the TrainingRun's uid: with --attempt, claims the run directory (owner.json) against zombies")
+    p.add_argument("--progress-period", type=float, default=reporter.PROGRESS_PERIOD_S, metavar="SECONDS",
+                   help="at most one progress report (status.runtime.step) per this many seconds")
     return p
 
 
@@ -60,9 +65,12 @@ def parse(argv: list[str]) -> setup.DriverOptions:
         raise ValueError(f"--resume must be 'latest' or a step number, got {ns.resume!r}")
     if ns.attempt < 0:
         raise ValueError("--attempt must be >= 0")
+    if ns.progress_period < 0:
+        raise ValueError(f"--progress-period must be >= 0 seconds, got {ns.progress_period}")
     return setup.DriverOptions(
         run=ns.run, namespace=ns.namespace, attempt=ns.attempt, resume=ns.resume, root=ns.root, config=cfg,
-        reporter=ns.reporter, event_log=ns.event_log, num_cpus=ns.num_cpus,
+        reporter=ns.reporter, event_log=ns.event_log, num_cpus=ns.num_cpus, progress_period_s=ns.progress_period,
+        run_uid=ns.run_uid,
     )
 
 
@@ -79,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     rep = reporter.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
     try:
         built = setup.setup_single_controller(opts, ev)
+    except fence.Superseded as e:
+        print(f"Superseded: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except setup.RestoreFailed as e:
         _report_restore_error(rep, opts, str(e))
         _shutdown_ray()
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the exit code carries it; the log carries the original
         cause = getattr(e, "cause", None) or e
         log.error("run failed: %s: %s", type(cause).__name__, cause)
-        if isinstance(cause, setup.RestoreFailed | _restore_errors()):
+        if is_restore_error(cause):
             _report_restore_error(rep, opts, f"{type(cause).__name__}: {cause}")
             _close(built)
             print(f"RestoreFailed: {type(cause).__name__}: {cause}", file=sys.stderr)
@@ -108,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
     _close(built)
     return EXIT_OK
+
+
+def is_restore_error(error: BaseException) -> bool:
+    """Whether the actor's failure means the checkpoint could not be restored (exit code 3)."""
+    return isinstance(error, (setup.RestoreFailed, *_restore_errors()))
 
 
 def _restore_errors() -> tuple[type[BaseException], ...]:

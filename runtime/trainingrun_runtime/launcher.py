@@ -92,6 +92,8 @@ def start(
     crash_at: str | None = None,
     num_cpus: int = 8,
     env: Mapping[str, str] | None = None,
+    progress_period: float | None = None,
+    run_uid: str | None = None,
 ) -> DriverProcess:
     """Launch `python -m trainingrun_runtime` for one attempt; output goes to ROOT/RUN/attempts/N/driver.log."""
     run_path = Path(root) / run
@@ -104,6 +106,10 @@ def start(
     ]
     if event_log is not None:
         cmd += ["--event-log", str(event_log)]
+    if progress_period is not None:
+        cmd += ["--progress-period", str(progress_period)]
+    if run_uid is not None:
+        cmd += ["--run-uid", run_uid]
     child_env = {**os.environ, **(env or {})}
     child_env.pop(crashpoints.ENV, None)
     child_env.pop("RAY_ADDRESS", None)

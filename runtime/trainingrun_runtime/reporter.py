@@ -1,14 +1,21 @@
 """Reporters: how the driver tells the world about progress and completed checkpoints.
 
     controller: checkpoint renamed to step_N ─► report(status) ─► KubernetesReporter: merge patch status.runtime
-                                                                └► FileReporter: <root>/<run>/attempts/<N>/runtime.json
+                step done (≤ 1 per period)   ─┘                └► FileReporter: <root>/<run>/attempts/<N>/runtime.json
 
 The driver writes only `status.runtime` (one writer per field; the operator owns the
-rest of the status) and only after a checkpoint's rename, so a reported checkpoint
-always exists. Shape (camelCase, as in the CRD):
+rest of the status). `lastCheckpoint` changes only after a checkpoint's rename, so a
+reported checkpoint always exists; `step` is the newest step the attempt finished, so
+the operator can tell how many steps an interrupted attempt lost (`stepsLost`:
+`step` minus the newest recorded checkpoint). Shape (camelCase, as in the CRD):
 
     runtime: {attempt, step, reward, updated, lastCheckpoint: {step, path, attempt, replayDigest,
               weightsSha256, time} | null, restoreError, finished}
+
+`ProgressReports` sends them: a checkpoint report right away (after any report in
+flight), a progress report after a step at most once per period (default 1 s) and at
+most one period late, never blocking the training step and never two at once, so a
+report never lands out of order. Every report is built when it is sent.
 
 The Kubernetes reporter authenticates as the pod's service account (in-cluster
 config) and falls back to `KUBECONFIG` (the test bed). A failed report is logged
@@ -18,18 +25,24 @@ so the file reporter works without it.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import datetime
 import json
 import logging
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict
 
 __all__ = [
     "CheckpointReport",
+    "OperatorView",
     "FileReporter",
     "KubernetesReporter",
+    "PROGRESS_PERIOD_S",
+    "ProgressReports",
     "Reporter",
     "RuntimeStatus",
     "build",
@@ -37,6 +50,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+PROGRESS_PERIOD_S = 1.0
+"""Default: at most one progress report per second (checkpoint reports are never held back)."""
 
 GROUP = "trainingrun.dev"
 VERSION = "v1alpha1"
@@ -66,11 +82,47 @@ class RuntimeStatus(TypedDict):
     finished: bool
 
 
+@dataclasses.dataclass(frozen=True)
+class OperatorView:
+    """What the operator's part of the status says about this run, as the driver reads it before retention."""
+
+    attempt: int | None
+    """The operator's current attempt number (None: none recorded yet)."""
+    attempt_ended: bool
+    """Whether the operator has ended that attempt (preempted, failed, suspended, succeeded)."""
+    pinned: int | None
+    """The step the next attempt would resume from: the newest recorded checkpoint not marked bad."""
+
+    @classmethod
+    def of(cls, status: Mapping[str, Any]) -> OperatorView:
+        attempt = status.get("attempt") or {}
+        book = status.get("checkpoints") or {}
+        bad = set(book.get("bad") or [])
+        recorded = [c.get("step") for c in [*(book.get("history") or []), book.get("latest") or {}]]
+        good = [s for s in recorded if isinstance(s, int) and s not in bad]
+        number = attempt.get("number")
+        return cls(
+            attempt=number if isinstance(number, int) else None,
+            attempt_ended=bool(attempt.get("end")),
+            pinned=max(good) if good else None,
+        )
+
+    def ended(self, attempt: int) -> bool:
+        """True when the operator has moved past `attempt`: it ended, or a later one is current."""
+        if self.attempt is None:
+            return False
+        return self.attempt > attempt or (self.attempt == attempt and self.attempt_ended)
+
+
 class Reporter(Protocol):
     """Sends one `status.runtime` value; must not raise for transient delivery failures."""
 
     def report(self, status: RuntimeStatus) -> None:
         """Deliver `status` (the whole `status.runtime` object)."""
+        ...
+
+    def operator_view(self) -> OperatorView | None:
+        """The operator's view of the run (None: it could not be read now)."""
         ...
 
 
@@ -85,6 +137,18 @@ class FileReporter:
 
     def __init__(self, root: str | os.PathLike[str], run: str, attempt: int) -> None:
         self.path = Path(root) / run / "attempts" / str(attempt) / "runtime.json"
+        self.status_path = Path(root) / run / "status.json"
+
+    def operator_view(self) -> OperatorView | None:
+        """`<root>/<run>/status.json` as the local supervisor writes it; nothing recorded when there is none."""
+        try:
+            status = json.loads(self.status_path.read_text())
+        except FileNotFoundError:
+            return OperatorView(attempt=None, attempt_ended=False, pinned=None)  # no supervisor (a bare driver)
+        except (OSError, ValueError) as e:
+            log.warning("cannot read %s: %s", self.status_path, e)
+            return None
+        return OperatorView.of(status if isinstance(status, dict) else {})
 
     def report(self, status: RuntimeStatus) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +191,15 @@ class KubernetesReporter:
             self._api = client.CustomObjectsApi(api_client)
         return self._api
 
+    def operator_view(self) -> OperatorView | None:
+        """GET trainingruns/<run>/status (the driver's Role allows get and patch on it); None if that fails."""
+        try:
+            obj = self._client().get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.run)
+        except Exception as e:  # noqa: BLE001 - the caller decides what an unknown view means
+            log.warning("reading the status of %s/%s failed: %s", self.namespace, self.run, e)
+            return None
+        return OperatorView.of((obj or {}).get("status") or {})
+
     def report(self, status: RuntimeStatus) -> None:
         body = {"status": {"runtime": status}}
         for attempt in range(1, self.attempts + 1):
@@ -140,6 +213,78 @@ class KubernetesReporter:
                 log.warning("status report %d/%d for %s/%s failed: %s", attempt, self.attempts, self.namespace,
                             self.run, e)
                 time.sleep(0.2 * attempt)
+
+
+class ProgressReports:
+    """Sends `build()` through `reporter` in order: checkpoints at once, progress at most once per `period_s`.
+
+    One report at a time (an asyncio lock; the report itself runs in a thread); each is built
+    when its turn comes, so it carries the newest step and checkpoint. `step_done()` never
+    waits: it starts a background sender that reports now if the period has passed, else when
+    it passes, and once more after a send if steps finished meanwhile, so the newest step
+    reaches the status at most one period (plus one report) late. `checkpoint()` waits for the
+    report in flight, then sends. `drain()` lets the sender finish what it started. A report
+    that raises is logged and dropped (reporters retry on their own); training goes on.
+    """
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        build: Callable[[], RuntimeStatus],
+        period_s: float = PROGRESS_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if period_s < 0:
+            raise ValueError(f"progress period must be >= 0 seconds, got {period_s}")
+        self.reporter = reporter
+        self.build = build
+        self.period_s = period_s
+        self.clock = clock
+        self.sent = 0
+        self._lock = asyncio.Lock()
+        self._last: float | None = None
+        self._dirty = False
+        self._sender: asyncio.Task[None] | None = None
+
+    def step_done(self) -> None:
+        """A step finished: make sure a progress report with it (or a newer step) follows within the period."""
+        self._dirty = True
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_progress(), name="progress-report")
+
+    async def checkpoint(self) -> None:
+        """A checkpoint was renamed: report it now, after whatever is in flight."""
+        await self._send()
+
+    async def drain(self) -> None:
+        """No more progress: wait for the report in flight, if any (before the driver's final report)."""
+        self._dirty = False
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            await sender
+
+    async def _send_progress(self) -> None:
+        while self._dirty:
+            wait = 0.0 if self._last is None else self._last + self.period_s - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                if not self._dirty:
+                    return  # drained meanwhile (or a checkpoint report carried the step)
+            self._dirty = False
+            await self._send()
+
+    async def _send(self) -> None:
+        async with self._lock:
+            self._dirty = False  # what is built now carries every step finished so far
+            status = self.build()
+            try:
+                await asyncio.to_thread(self.reporter.report, status)
+            except Exception:  # noqa: BLE001 - a report must never stop training
+                log.exception("status report at step %s failed", status.get("step"))
+                return
+            finally:
+                self._last = self.clock()
+            self.sent += 1
 
 
 def build(kind: str, *, root: str, run: str, namespace: str, attempt: int) -> Reporter:

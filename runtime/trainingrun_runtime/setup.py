@@ -39,6 +39,7 @@ from trainingrun_runtime import (
     crashpoints,
     dataloader,
     events,
+    fence,
     generation,
     ledger,
     policy,
@@ -62,6 +63,9 @@ class RestoreFailed(Exception):
         self.cause = cause
 
 
+_PROGRESS_PERIOD_S = reporter.PROGRESS_PERIOD_S  # (a field below is named `reporter`)
+
+
 @dataclasses.dataclass(frozen=True)
 class DriverOptions:
     """The entrypoint's arguments."""
@@ -76,6 +80,9 @@ class DriverOptions:
     reporter: str
     event_log: str | None = None
     num_cpus: int = 8
+    progress_period_s: float = _PROGRESS_PERIOD_S
+    run_uid: str | None = None
+    """The TrainingRun's uid; with the attempt it claims the run directory (`fence`)."""
 
 
 @dataclasses.dataclass
@@ -136,6 +143,10 @@ def _init_ray(opts: DriverOptions) -> None:
 def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     """Build and restore everything on the driver, then create the controller actor (see module docstring)."""
     tcfg = opts.config.trainer
+    # Before anything reads or writes checkpoints: this attempt owns the run directory from now on; a driver of
+    # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
+    fence.claim(bundle.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
+    ev.emit("run_dir_claimed", attempt=opts.attempt)
     try:
         chosen = select_checkpoint(opts.root, opts.run, opts.resume, tcfg)
         if chosen is not None:
@@ -220,6 +231,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         event_log=ev,
         crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
         last_checkpoint=last,
+        progress_period_s=opts.progress_period_s,
+        run_uid=opts.run_uid,
     )
     the_actor = controller.actor(f"{prefix}-controller").remote(args)
     ev.emit("actor_created")

@@ -69,6 +69,14 @@ def manifests(directory: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
+def owner_attempt(directory: Path) -> int | None:
+    """The attempt named in the run directory's owner.json (the driver's claim), None before any claim."""
+    try:
+        return int(json.loads((directory / "owner.json").read_text())["attempt"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def reference_run(loop: Loop, rayjob: dict[str, Any], root: Path) -> subprocess.Popen[bytes]:
     """The same driver command as the RayJob's, run uninterrupted on a local Ray, reporting into files."""
     argv = shlex.split(rayjob["spec"]["entrypoint"])
@@ -158,8 +166,8 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
 def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
         loop: Loop, namespace: str) -> None:
     steps, save_period = 30, 5
-    # Retention off in effect (keepLast 50): a live zombie's retention deletes the step attempt 2 is pinned to
-    # resume from (seen: attempt 2 FailedRestore, run Failed). Reports are fenced by the operator; the volume is not.
+    # Retention off in effect (keepLast 50): until attempt 2's driver claims the directory, a live zombie's
+    # retention can delete the step attempt 2 is pinned to resume from (seen: attempt 2 FailedRestore, run Failed).
     loop.apply(namespace, loop.checkpoints_pvc("zb-checkpoints"),
                loop.tiny_run("zb", claim="zb-checkpoints", steps=steps,
                              checkpoint={"savePeriod": save_period, "retention": {"keepLast": 50}}))
@@ -190,14 +198,19 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
         patched = loop.plane.kubectl("patch", "trun", "zb", "-n", namespace, "--subresource=status",
                                      "--type=merge", "-p", json.dumps(stale), kubeconfig=kubeconfig, check=False)
         assert patched.returncode == 0, patched.stderr  # RBAC lets the identity write; fencing must drop it
-        time.sleep(2)  # let the zombie report what it saved
-        chaos.end_zombie(zombie)  # before attempt 2's driver writes: two writers on one volume are not safe
+        # The volume's fence: attempt 2's driver claims the run directory (owner.json) before it restores; from
+        # then on the zombie, still alive, writes no checkpoint (a save whose check passed just before the claim
+        # may still finish: at most one).
+        loop.wait(lambda: owner_attempt(directory) == 2, timeout=300, what="attempt 2's driver to claim the directory")
+        by_zombie = {s for s, m in manifests(directory).items() if m["attempt"] == 1}
         loop.wait(lambda: recorded_by(loop, namespace, "zb", 2), timeout=420, what="attempt 2's first checkpoint")
         status = loop.run_status(namespace, "zb")
         late = [c for c in history(status) if c["attempt"] == 1 and (c["step"], 1) not in recorded_before]
         assert not late, (f"zombie wrote step {zombie_step}; recorded after attempt 2 started: {late}\n"
                           f"{loop.diagnostics()}")
         assert status["checkpoints"]["latest"]["attempt"] == 2
+        after_claim = {s for s, m in manifests(directory).items() if m["attempt"] == 1} - by_zombie
+        assert len(after_claim) <= 1, (sorted(by_zombie), sorted(after_claim))
     finally:
         chaos.end_zombie(zombie)
     final = loop.wait_phase(namespace, "zb", "Succeeded", timeout=600)

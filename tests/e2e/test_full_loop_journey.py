@@ -49,6 +49,11 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     first = loop.wait(lambda: latest_step(loop.run_status(namespace, "tiny")), timeout=420,
                       what="the first checkpoint recorded in status")
     first_at = time.monotonic() - started
+    # The driver reports progress between checkpoints (status.runtime.step): evict once it is 3 steps past the
+    # recorded checkpoint, so the attempt history must show at least 3 steps lost.
+    reached = loop.wait(lambda: (r := loop.run_status(namespace, "tiny").get("runtime") or {}).get("attempt") == 1
+                        and r.get("step", 0) >= first + 3 and r["step"], timeout=120,
+                        what="a progress report 3 steps past the first checkpoint")
     head = chaos.head_pod(loop.plane, namespace, "trainingrun.dev/run=tiny,trainingrun.dev/attempt=1")
     chaos.evict(loop.plane, namespace, head["metadata"]["name"])
     evicted = time.monotonic()
@@ -70,6 +75,7 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
           f"eviction_to_attempt2_rayjob_s={to_attempt_2:.2f} "
           f"eviction_to_attempt2_first_checkpoint_s={to_resumed_checkpoint:.1f} save_period={save_period} "
           f"status_steps_lost={ended.get('stepsLost')} resumed_from={recorded_by_1} "
+          f"reported_step_at_eviction={reached} "
           f"driver_logged_step_before_eviction={progress} "
           f"steps_lost_by_driver_log={None if progress is None else max(0, progress - recorded_by_1)}")
 
@@ -82,7 +88,9 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     assert columns["STEP"] == str(steps) and columns["ATTEMPT"] == "2" and columns["RESTARTS"] == "1", columns
 
     assert ended["number"] == 1 and ended["reason"] == "Preempted", final["attempts"]
-    assert isinstance(ended.get("stepsLost"), int) and 0 <= ended["stepsLost"] < 2 * save_period, ended
+    # Lost: from the recorded checkpoint to the newest step the driver reported before it was killed.
+    assert isinstance(ended.get("stepsLost"), int) and reached - recorded_by_1 <= ended["stepsLost"], ended
+    assert ended["stepsLost"] < 2 * save_period, ended
     assert recorded_by_1 >= first
     second = final["attempt"] if final["attempt"]["number"] == 2 else final["attempts"][1]
     assert second["resumedFrom"] == recorded_by_1, (second, final["checkpoints"])

@@ -84,6 +84,12 @@ def test_entrypoint_says_latest_when_there_is_no_recorded_step() -> None:
     assert argv[argv.index("--root") + 1] == "/checkpoints"
 
 
+def test_the_driver_claims_the_run_directory_with_the_runs_uid_and_attempt() -> None:
+    body = rayjob.build_rayjob("tiny", "ns", "7f3c-uid", 4, 30, spec_of("tiny.yaml"))
+    argv = shlex.split(body["spec"]["entrypoint"])
+    assert argv[argv.index("--run-uid") + 1] == "7f3c-uid" and argv[argv.index("--attempt") + 1] == "4"
+
+
 def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_identity() -> None:
     body = rayjob.build_rayjob("reverse-digits", "ns", "u", 1, None, spec_of("cluster.yaml"))
     cluster = body["spec"]["rayClusterSpec"]

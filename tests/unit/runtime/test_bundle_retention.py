@@ -117,3 +117,10 @@ def test_retention_leaves_no_trash_and_ignores_non_step_entries(root: Path) -> N
 def test_retention_refuses_nonsense_arguments(root: Path, keep_last: int, keep_every: int | None) -> None:
     with pytest.raises(ValueError):
         apply_retention(root, RUN, keep_last, keep_every)
+
+
+def test_a_protected_step_is_kept_beside_the_newest(root: Path) -> None:
+    for step in (2, 4, 6, 8):
+        save(root, step)
+    apply_retention(root, RUN, keep_last=1, protect=(4,))
+    assert steps_on_disk(root) == [4, 8]

@@ -75,3 +75,13 @@ async def test_a_lane_that_returns_on_its_own_is_an_error() -> None:
             {asyncio.create_task(lane(), name="rollout-lane-0"), asyncio.create_task(pump(), name="train-pump")},
             until="train-pump",
         )
+
+
+def test_an_index_rebuild_failure_in_the_actor_is_a_failed_restore_and_a_superseded_driver_is_not() -> None:
+    from trainingrun_runtime import driver, fence
+    from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
+
+    assert driver.is_restore_error(PreflightError("ledger disagrees with the index"))
+    assert driver.is_restore_error(DigestError("digest mismatch"))
+    assert not driver.is_restore_error(fence.Superseded("attempt 3 owns the directory"))
+    assert not driver.is_restore_error(DataPlaneError("snapshot failed"))

@@ -1,0 +1,91 @@
+"""The run directory's owner on a real driver: once a newer attempt claims the directory, the old driver stops.
+
+This is what a partitioned node's zombie meets when the next attempt's driver starts: its next save is
+refused before it begins, it writes no further checkpoint and exits 1 naming the owner.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainingrun_runtime import bundle, fence, launcher
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+CONFIG: dict[str, Any] = {
+    "trainer": {
+        "steps": 60, "promptsPerStep": 4, "generationWorkers": 1, "logEvery": 1,
+        "grpo": {"groupSize": 4}, "task": {"datasetSize": 64},
+    },
+    "checkpoint": {"savePeriod": 2, "keepLast": 100},
+}
+
+
+def steps_on_disk(run_dir: Path) -> set[int]:
+    return {json.loads(p.read_text())["step"] for p in run_dir.glob("step_*/manifest.json")}
+
+
+def test_a_driver_stops_writing_once_a_newer_attempt_claims_the_run_directory(tmp_path: Path) -> None:
+    run_dir = bundle.run_dir(tmp_path, "fenced")
+    proc = launcher.start(run="fenced", attempt=1, root=tmp_path, config=CONFIG, run_uid="uid-1")
+    try:
+        deadline = time.monotonic() + 400
+        while 4 not in steps_on_disk(run_dir):
+            assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
+            time.sleep(0.2)
+        assert fence.owner(run_dir) == fence.Owner("uid-1", 1)
+        fence.claim(run_dir, "uid-1", 2)  # what attempt 2's driver does first
+        claimed = steps_on_disk(run_dir)
+        code = proc.wait(120)
+    finally:
+        proc.kill()
+    output = proc.output()
+    assert code == 1, output[-3000:]
+    assert "Superseded: attempt 2 of run uid uid-1 owns" in output
+    # A save whose check passed just before the claim may still finish (the documented window); nothing after it.
+    assert len(steps_on_disk(run_dir) - claimed) <= 1, (sorted(claimed), sorted(steps_on_disk(run_dir)))
+    assert max(steps_on_disk(run_dir)) < CONFIG["trainer"]["steps"]
+    assert fence.owner(run_dir) == fence.Owner("uid-1", 2)
+
+
+def test_an_older_attempt_is_refused_at_start_and_touches_nothing(tmp_path: Path) -> None:
+    run_dir = bundle.run_dir(tmp_path, "late")
+    fence.claim(run_dir, "uid-1", 3)
+    proc = launcher.start(run="late", attempt=2, root=tmp_path, config=CONFIG, run_uid="uid-1")
+    assert proc.wait(120) == 1
+    assert "Superseded: attempt 3 of run uid uid-1 owns" in proc.output()
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted([fence.OWNER_FILE, "attempts"])
+
+
+def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops(tmp_path: Path) -> None:
+    """The local supervisor's status.json plays the operator here (the Kubernetes reporter reads the CR's status)."""
+    run_dir = bundle.run_dir(tmp_path, "pinned")
+    run_dir.mkdir(parents=True)
+    status = {"attempt": {"number": 1, "start": "t"},
+              "checkpoints": {"latest": {"step": 2, "path": str(run_dir / "step_2"), "attempt": 1, "time": "t"}}}
+    (run_dir / "status.json").write_text(json.dumps(status))
+    config = json.loads(json.dumps(CONFIG))
+    config["checkpoint"] = {"savePeriod": 2, "keepLast": 1}
+    proc = launcher.start(run="pinned", attempt=1, root=tmp_path, config=config, run_uid="uid-1")
+    try:
+        deadline = time.monotonic() + 400
+        while 10 not in steps_on_disk(run_dir):
+            assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1)  # step 10's retention
+        kept = steps_on_disk(run_dir)
+        assert 2 in kept, kept  # the pinned step survives keepLast 1
+        assert 4 not in kept and 6 not in kept, kept  # the others go as usual
+        status["attempt"]["end"] = "t2"  # the operator ends attempt 1 (say, its pod is being evicted)
+        (run_dir / "status.json").write_text(json.dumps(status))
+        code = proc.wait(120)
+    finally:
+        proc.kill()
+    assert code == 1
+    assert "the operator ended attempt 1" in proc.output()
+    assert 2 in steps_on_disk(run_dir)
