@@ -30,14 +30,18 @@ def steps_on_disk(run_dir: Path) -> set[int]:
     return {json.loads(p.read_text())["step"] for p in run_dir.glob("step_*/manifest.json")}
 
 
+def wait_for_step(proc: launcher.DriverProcess, run_dir: Path, step: int, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while step not in steps_on_disk(run_dir):
+        assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
+        time.sleep(0.2)
+
+
 def test_a_driver_stops_writing_once_a_newer_attempt_claims_the_run_directory(tmp_path: Path) -> None:
     run_dir = bundle.run_dir(tmp_path, "fenced")
     proc = launcher.start(run="fenced", attempt=1, root=tmp_path, config=CONFIG, run_uid="uid-1")
     try:
-        deadline = time.monotonic() + 400
-        while 4 not in steps_on_disk(run_dir):
-            assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
-            time.sleep(0.2)
+        wait_for_step(proc, run_dir, 4)
         assert fence.owner(run_dir) == fence.Owner("uid-1", 1)
         fence.claim(run_dir, "uid-1", 2)  # what attempt 2's driver does first
         claimed = steps_on_disk(run_dir)
@@ -73,10 +77,7 @@ def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops
     config["checkpoint"] = {"savePeriod": 2, "keepLast": 1}
     proc = launcher.start(run="pinned", attempt=1, root=tmp_path, config=config, run_uid="uid-1")
     try:
-        deadline = time.monotonic() + 400
-        while 10 not in steps_on_disk(run_dir):
-            assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
-            time.sleep(0.2)
+        wait_for_step(proc, run_dir, 10)
         time.sleep(1)  # step 10's retention
         kept = steps_on_disk(run_dir)
         assert 2 in kept, kept  # the pinned step survives keepLast 1
