@@ -33,7 +33,8 @@ class Departures:
             pods.pop(next(iter(pods)))
 
     def of_attempt(self, namespace: str, run: str, attempt: int, present: set[str]) -> tuple[PodObservation, ...]:
-        """Disrupted pods of `attempt` that are no longer `present`."""
+        """Disrupted pods of `attempt` that are no longer `present` (the caller counts a pod being deleted as
+        no longer present)."""
         pods = self._seen.get((namespace, run), {})
         return tuple(p for a, p in pods.values() if a == str(attempt) and p.name not in present)
 

@@ -29,7 +29,7 @@ import kopf
 
 from trainingrun_operator import apiclient, departures, errors, model, naming, observation, reconciler, wakeups
 
-__all__ = ["FINALIZER", "PREFIX", "Memo", "run"]
+__all__ = ["FINALIZER", "PREFIX", "Memo", "NoDiffBase", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +59,28 @@ def _ns(namespace: str | None) -> str:
     return namespace or "default"
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No "last handled configuration" kept on the TrainingRun.
+
+    kopf keeps a copy of each object's spec (an annotation by default) to tell creations from updates for its
+    create/update handlers. We have none (the daemon reconciles every change), but the on.delete handler made
+    kopf write that annotation anyway: one more patch per created run, carrying the whole spec, and one more
+    watch event for every watcher. With nothing fetched, kopf sees no update to tell apart; deletion is
+    detected from deletionTimestamp, not from this.
+    """
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.posting.enabled = False  # our own events, with our reasons, come from reconciler.py
     # No cluster-wide scanning of namespaces and CRDs: it would need list/watch on both (least privilege). The
     # price: a CRD installed after start-up (e.g. KubeRay's) is served after the next operator restart.

@@ -95,8 +95,15 @@ async def observe(
             if j["metadata"]["name"] != job_name and not j["metadata"].get("deletionTimestamp")
         ),
         other_pods=len(pods) - len(mine),
-        departed=memory.of_attempt(namespace, run, number, {p["metadata"]["name"] for p in mine}) if memory else (),
+        # A pod seen as a disruption target counts as disrupted once it is being deleted, even if the condition
+        # is gone from its status by now (a later status write replaced the conditions): "departed" is every
+        # such pod of this attempt that is gone or going.
+        departed=memory.of_attempt(namespace, run, number, _staying(mine)) if memory else (),
     )
+
+
+def _staying(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
 async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRun, action: decision.Action) -> None:

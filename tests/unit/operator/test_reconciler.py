@@ -162,3 +162,44 @@ async def test_watch_handlers_are_coroutines_and_a_runs_event_wakes_it_only_with
     assert not event.is_set(), "the operator's own status write woke the run"
     await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo)
     assert event.is_set(), "the driver's report did not wake the run"
+
+
+def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
+    """kopf's default diffbase storage would patch every new run once more, writing its spec into an annotation."""
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings)
+    storage = settings.persistence.diffbase_storage
+    body = kopf.Body(tiny())
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    assert storage.fetch(body=body) is None and not patch
+
+
+async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is_deleted_even_if_the_condition_is_gone() -> None:
+    """A status write after the DisruptionTarget condition (kwok's, a kubelet's) can replace the conditions before the
+    pod's deletion is observed: the watch's memory of the disruption still decides."""
+    from trainingrun_operator import departures, observation
+
+    run, _jobs = running_attempt_whose_rayjob_failed()
+    job = {"metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
+           "spec": {}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}
+    head = {
+        "metadata": {"name": "tiny-a1-head", "deletionTimestamp": "2025-01-01T00:00:00Z",
+                     "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1", "ray.io/node-type": "head"}},
+        "spec": {}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    seen = copy.deepcopy(head)
+    del seen["metadata"]["deletionTimestamp"]
+    seen["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"})
+    memory = departures.Departures()
+    memory.record("ns", "tiny", "1", observation.pod_observation(seen, None))
+
+    class WithHead(FakeApi):
+        async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+            return [copy.deepcopy(head)]
+
+    api = WithHead(run, [job])
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, memory)  # type: ignore[arg-type]
+    assert "start event Preempted" in api.log, api.log
