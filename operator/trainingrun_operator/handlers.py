@@ -22,8 +22,8 @@ import asyncio
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import kopf
 
@@ -68,6 +68,13 @@ class NoDiffBase(kopf.DiffBaseStorage):
     watch event for every watcher. With nothing fetched, kopf sees no update to tell apart; deletion is
     detected from deletionTimestamp, not from this.
     """
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        # kopf builds an essence (a deep copy of the object, status aside) on every watch event of every kind it
+        # watches, pods and RayJobs included, only to diff it against what fetch() returns: nothing to compare.
+        return cast(kopf.BodyEssence, {})
 
     def fetch(self, *, body: kopf.Body) -> None:
         return None

@@ -175,6 +175,7 @@ def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
     patch = kopf.Patch()
     storage.store(body=body, patch=patch, essence=storage.build(body=body))
     assert storage.fetch(body=body) is None and not patch
+    assert storage.build(body=body) == {}, "no deep copy of every watched object on every event"
 
 
 async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is_deleted_even_if_the_condition_is_gone() -> None:
