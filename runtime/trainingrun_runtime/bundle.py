@@ -72,6 +72,7 @@ __all__ = [
     "run_dir",
     "recover",
     "hash_file",
+    "sync_and_hash",
     "verify",
     "open_for_restore",
     "discover",
@@ -284,6 +285,8 @@ def hash_file(path: str | os.PathLike[str]) -> FileEntry:
     view = memoryview(buf)
     size = 0
     with open(path, "rb", buffering=0) as f:
+        # Ask for the whole file now: the kernel reads ahead while this thread hashes the chunk it has.
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
@@ -399,6 +402,19 @@ class PendingBundle:
         self.path = path
         self.final_path = final_path
         self._state = "open"
+        self._hashed: dict[str, FileEntry] = {}
+
+    def add_hashed(self, entries: Mapping[str, FileEntry]) -> None:
+        """Take the size and SHA-256 of files whose writer hashed them from memory (relpaths under `.path`).
+
+        `commit` fsyncs them like every file but does not read them back to hash them; it checks
+        that each is still of the recorded size.
+        """
+        for rel, entry in entries.items():
+            _check_relpath(rel, str(self.path))
+            if not _SHA_RE.match(entry["sha256"]) or type(entry["size"]) is not int:
+                raise ValueError(f"{self.path / rel}: invalid size or sha256 {entry!r}")
+            self._hashed[rel] = FileEntry(size=entry["size"], sha256=entry["sha256"])
 
     def __enter__(self) -> PendingBundle:
         return self
@@ -436,7 +452,7 @@ class PendingBundle:
         w = self._writer
         try:
             canonical_json(dict(extra or {}))  # fail before the expensive part, naming the bad field
-            entries = _sync_and_hash_tree(self.path)
+            entries = sync_and_hash(self.path, self._hashed)
             w._stage("files_synced")
             manifest = Manifest(
                 format_version=FORMAT_VERSION,
@@ -502,8 +518,12 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _sync_and_hash_tree(top: Path) -> dict[str, FileEntry]:
-    """Fsync every file and directory under `top` and hash every file, overlapping fsyncs with hashing."""
+def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> dict[str, FileEntry]:
+    """Fsync every file and directory under `top` and hash every file, overlapping fsyncs with hashing.
+
+    Files in `hashed` (hashed by their writer) are fsynced and size-checked but not read back.
+    """
+    hashed = hashed or {}
     files, dirs, other = _walk(top)
     if other:
         raise CheckpointCorrupt(f"{top / other[0]}: not a regular file or directory (links are not allowed in a bundle)")
@@ -515,10 +535,19 @@ def _sync_and_hash_tree(top: Path) -> dict[str, FileEntry]:
         concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-hash") as hash_pool,
     ):
         syncs = [sync_pool.submit(_fsync_file, top / rel) for rel in files]
-        hashes = {rel: hash_pool.submit(hash_file, top / rel) for rel in files}
+        hashes = {rel: hash_pool.submit(hash_file, top / rel) for rel in files if rel not in hashed}
         entries = {rel: fut.result() for rel, fut in hashes.items()}
         for fut in syncs:
             fut.result()
+    missing = sorted(set(hashed) - set(files))
+    if missing:
+        raise CheckpointCorrupt(f"{top / missing[0]}: hashed by its writer but no longer present")
+    for rel, entry in hashed.items():
+        size = (top / rel).stat().st_size
+        if size != entry["size"]:
+            raise CheckpointCorrupt(f"{top / rel}: {size} bytes, its writer hashed {entry['size']}")
+        entries[rel] = entry
+    entries = dict(sorted(entries.items()))
     # Directories bottom-up, so every new entry is durable before its parent is.
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
         _fsync_dir(d)
@@ -629,6 +658,10 @@ class Discovery:
     latest: Manifest | None
     latest_path: Path | None
     skipped: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    checked: Any = None
+    """What `discover`'s `check` returned for the checkpoint chosen (None without a check)."""
+    candidates: int = 0
+    """How many step directories were tried or could have been (`tmp_`/`del_` ones never count)."""
 
     @property
     def bundle(self) -> RestoreBundle | None:
@@ -666,21 +699,35 @@ def _candidates(run_path: Path) -> tuple[list[tuple[int, Path]], list[tuple[Path
     return found, skipped
 
 
-def discover(root: str | os.PathLike[str], run: str) -> Discovery:
-    """Find the newest valid `step_N` of a run, verifying candidates newest first and stopping at the first valid one."""
+def discover(
+    root: str | os.PathLike[str],
+    run: str,
+    *,
+    check: Callable[[RestoreBundle], Any] | None = None,
+    skip_on: tuple[type[Exception], ...] = (),
+) -> Discovery:
+    """Find the newest valid `step_N` of a run, verifying candidates newest first and stopping at the first valid one.
+
+    `check`, when given, runs on each candidate whose checksums verified (a `RestoreBundle`):
+    a candidate it rejects with `CheckpointCorrupt` (or one of `skip_on`) is skipped with the
+    reason like a corrupt one; what it returns for the chosen checkpoint is `Discovery.checked`.
+    Any other exception propagates (a mismatch that older steps would share).
+    """
     run_path = run_dir(root, run)
     if not run_path.is_dir():
         return Discovery(latest=None, latest_path=None, skipped=[])
     found, skipped = _candidates(run_path)
+    refusals: tuple[type[Exception], ...] = (CheckpointCorrupt, *skip_on)
     for _step, path in found:
         try:
             manifest = verify(path, run=run)
-        except CheckpointCorrupt as e:
+            checked = check(RestoreBundle(path=path, manifest=manifest)) if check is not None else None
+        except refusals as e:
             log.warning("skipping checkpoint %s: %s", path, e)
             skipped.append((path, str(e)))
             continue
-        return Discovery(latest=manifest, latest_path=path, skipped=skipped)
-    return Discovery(latest=None, latest_path=None, skipped=skipped)
+        return Discovery(latest=manifest, latest_path=path, skipped=skipped, checked=checked, candidates=len(found))
+    return Discovery(latest=None, latest_path=None, skipped=skipped, candidates=len(found))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,10 @@ discarded and no `step_N` appears), and TransferQueue's own snapshot into
 
     {"format": 1, "run": str, "step": int, "replay": <the buffer's state dict>, "restart": <capture()>}
 
-`commit` is `bundle.PendingBundle.commit`: every file fsynced and hashed, the
+`commit` waits for the storage units' digests of their files (hashed from memory
+after the window, `dataplane.PendingSnapshot.digests`), hands them to the bundle
+(`add_hashed`), then `bundle.PendingBundle.commit`: every file fsynced, every
+other file hashed, the
 manifest (`replay_digest` = the index digest, `replay_mode` = "authoritative")
 written last, rename to `step_N`, parent fsynced. `save()` does all of it in one
 call. `on_stage(name)` is called after "begun", "data_plane_saved",
@@ -38,7 +41,8 @@ Restore (on the driver at setup, before any connect-only client exists)::
     buffer = TQReplayBuffer(client, barrier, partition=..., group_size=..., capacity=...)
     await buffer.restore(r.replay_state, expected_digest=r.manifest.replay_digest)
 
-`select` picks the newest step whose every check passes *before* anything reaches
+`select` (through `bundle.discover` and its `check` hook, so both share one listing of
+candidates) picks the newest step whose every check passes *before* anything reaches
 TransferQueue's loader: manifest and checksums (`bundle.open_for_restore`), the
 sidecar (safe load, preflight against the buffer config, digest equal to the
 manifest's), and `data_plane/` (its own sidecar of sizes, TQ version, unit count,
@@ -68,6 +72,7 @@ from trainingrun_runtime.dataplane import (
     BootstrapDataPlane,
     DataPlaneClient,
     DataPlaneToken,
+    PendingSnapshot,
     check_data_plane_dir,
 )
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
@@ -125,6 +130,7 @@ class PendingCheckpoint:
         self.step = pending.step
         self.path = pending.path
         self.snap: Snapshot | None = None
+        self._written: PendingSnapshot | None = None
 
     async def snapshot(self, capture: Callable[[], Mapping[str, Any]] | None = None) -> Snapshot:
         """Capture the index (+ `capture()`), check it against TQ and snapshot TQ, all in one exclusive window."""
@@ -150,8 +156,9 @@ class PendingCheckpoint:
                 }
                 started = time.monotonic()
                 check_s = started - entered
-                await run_blocking(lambda: s.dataplane.save_checkpoint(self.path / bundle.DATA_PLANE, meta))
+                written = await run_blocking(lambda: s.dataplane.snapshot(self.path / bundle.DATA_PLANE, meta))
                 snapshot_s = time.monotonic() - started
+            self._written = written
             hold_s = time.monotonic() - requested
             s.stage("data_plane_saved")
             sidecar = {"format": SIDECAR_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
@@ -190,6 +197,17 @@ class PendingCheckpoint:
         if self.snap is None:
             self.abort()
             raise RuntimeError(f"{self.path}: commit() before snapshot(); the pending save was discarded")
+        # The storage units hashed their files from memory (after the window): commit won't re-read them.
+        written = self._written
+        assert written is not None
+        try:
+            self._pending.add_hashed({
+                f"{bundle.DATA_PLANE}/{rel}": bundle.FileEntry(size=written.sizes[rel], sha256=sha)
+                for rel, sha in written.digests().items()
+            })  # fmt: skip
+        except BaseException:
+            self.abort()
+            raise
         return self._pending.commit(
             attempt=attempt,
             config_hash=config_hash,
@@ -312,7 +330,14 @@ def read_sidecar(path: Path) -> dict[str, Any]:
 
 
 def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: int | None) -> Selection:
-    opened = bundle.open_for_restore(candidate, run=run)
+    return _check_verified(bundle.open_for_restore(candidate, run=run), run, config, storage_units)
+
+
+def _check_verified(
+    opened: bundle.RestoreBundle, run: str, config: ReplayConfig, storage_units: int | None
+) -> Selection:
+    """Every restore check beyond the checksums (which `opened` passed): sidecar, preflight, data-plane dir."""
+    candidate = opened.path
     manifest = opened.manifest
     if manifest.replay_mode != REPLAY_MODE:
         raise CheckpointCorrupt(f"{candidate / bundle.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
@@ -343,24 +368,6 @@ def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: in
     return Selection(verified=opened, replay_state=sidecar["replay"], restart=sidecar["restart"], skipped=[])
 
 
-def _candidates(run_path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """Step directories newest first (`old_step_N` only where `step_N` is absent), and entries skipped by name."""
-    names = {e.name for e in os.scandir(run_path)}
-    found: list[tuple[int, Path]] = []
-    skipped: list[tuple[Path, str]] = []
-    for name in sorted(names):
-        if name.startswith(bundle.TMP_PREFIX):
-            skipped.append((run_path / name, "incomplete save (tmp_ directory never renamed)"))
-            continue
-        for prefix in (bundle.STEP_PREFIX, bundle.OLD_PREFIX):
-            number = name[len(prefix) :]
-            if name.startswith(prefix) and number.isdigit() and str(int(number)) == number:
-                if prefix == bundle.STEP_PREFIX or f"{bundle.STEP_PREFIX}{number}" not in names:
-                    found.append((int(number), run_path / name))
-    found.sort(key=lambda c: c[0], reverse=True)
-    return [p for _, p in found], skipped
-
-
 def select(
     root: str | os.PathLike[str],
     run: str,
@@ -377,23 +384,19 @@ def select(
     run_path = bundle.run_dir(root, run)
     if not run_path.is_dir():
         return None
-    candidates, skipped = _candidates(run_path)
     if step is not None:
         pinned = run_path / bundle.step_dirname(step)
-        if pinned not in candidates:
+        if not pinned.is_dir():
             raise CheckpointCorrupt(f"{pinned}: the pinned checkpoint does not exist")
-        return dataclasses.replace(_validate(pinned, run, config, storage_units), skipped=skipped)
-    for path in candidates:
-        try:
-            chosen = _validate(path, run, config, storage_units)
-        except (CheckpointCorrupt, DigestError) as e:
-            log.warning("skipping checkpoint %s: %s", path, e)
-            skipped.append((path, str(e)))
-            continue
-        return dataclasses.replace(chosen, skipped=skipped)
-    if candidates:
-        reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)
-        raise CheckpointCorrupt(f"{run_path}: no valid checkpoint among {len(candidates)}: {reasons}")
+        return _validate(pinned, run, config, storage_units)
+    found = bundle.discover(
+        root, run, check=lambda opened: _check_verified(opened, run, config, storage_units), skip_on=(DigestError,)
+    )
+    if isinstance(found.checked, Selection):
+        return dataclasses.replace(found.checked, skipped=found.skipped)
+    if found.candidates:
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in found.skipped)
+        raise CheckpointCorrupt(f"{run_path}: no valid checkpoint among {found.candidates}: {reasons}")
     return None
 
 

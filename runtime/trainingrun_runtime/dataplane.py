@@ -35,7 +35,13 @@ ever runs on a pristine TQ, and a failure poisons the client (the TQ must be
 restarted). Snapshots use TQ's own layout and its client's controller and
 storage checkpoint calls, run concurrently (`tq.save_checkpoint` and
 `tq.load_checkpoint` run them one after the other). The SimpleStorage
-checkpoint blow-up is fixed in `tq_storage_fix`.
+checkpoint blow-up is fixed in `tq_storage_fix`, whose storage units write
+their files in `column_file` format 2 straight from row memory and hash that
+memory after the write: `snapshot` returns once the files are written (inside
+the barrier's window), `PendingSnapshot.digests` collects the units' SHA-256s
+afterwards, so the bundle never reads those files back to hash them. The
+snapshot's sidecar (`SIDECAR`, format 2) lists every file with its size; a
+snapshot of format 1 (pickled storage units) is refused, naming the sidecar.
 
 All methods are blocking; async callers use `asyncio.to_thread`. Used by
 `replay_buffer` (puts, clears) and `checkpoint` (list, save, restore).
@@ -75,6 +81,7 @@ __all__ = [
     "DataPlaneState",
     "DataPlaneToken",
     "Restored",
+    "PendingSnapshot",
     "DataPlaneClient",
     "BootstrapDataPlane",
     "ConnectOnlyDataPlane",
@@ -88,12 +95,14 @@ TAG_GROUP_SIZE: Final = "tr_group_size"
 _RESERVED_TAG_PREFIX: Final = "tr_"
 SIDECAR: Final = "trainingrun_data_plane.json"
 """Written into every data-plane snapshot: TQ version, storage-unit count, every file with its size."""
-_SIDECAR_FORMAT: Final = 1
+_SIDECAR_FORMAT: Final = 2
+"""2: storage units in `column_file` format 2; 1: storage units pickled (refused, naming the fix)."""
 _CONTROLLER_NAME: Final = "TransferQueueController"
 _CONTROLLER_NAMESPACE: Final = "transfer_queue"
 _UNIT_NAME: Final = "TransferQueueStorageUnit#{}"
 _TOKEN_KEY: Final = "trainingrun_token"
-_UNIT_INFO: Final = "simple_storage/storage_unit_info.json"
+_UNIT_DIR: Final = "simple_storage"
+_UNIT_INFO: Final = f"{_UNIT_DIR}/storage_unit_info.json"
 _METADATA_FILE: Final = "metadata.json"  # the names tq.save_checkpoint / tq.load_checkpoint use (0.1.11)
 _CONTROLLER_FILE: Final = "controller_state.pkl"
 _MINT: Final = object()
@@ -189,6 +198,47 @@ class DataPlaneToken:
 
 def _unpickle_token(nonce: str, decision: str, source: str | None) -> DataPlaneToken:
     return DataPlaneToken(nonce, decision, source, _mint=_MINT)
+
+
+class PendingSnapshot:
+    """A snapshot whose files are written; the storage units are still hashing theirs from memory."""
+
+    def __init__(self, path: Path, sizes: Mapping[str, int], unit_files: Sequence[str]) -> None:
+        self.path = path
+        self.sizes = dict(sizes)
+        """Every file but the sidecar, POSIX path relative to the snapshot directory (what the sidecar lists)."""
+        self.unit_files = list(unit_files)
+        self._digests: dict[str, str] | None = None
+
+    def digests(self, timeout_s: float = 300.0) -> dict[str, str]:
+        """{relpath: sha256} of the storage-unit files, as their units hashed them; waits for them.
+
+        Raises DataPlaneError if a unit reports a failure, reports another size than the file
+        has, or reports nothing within `timeout_s` (a unit that died).
+        """
+        if self._digests is not None:
+            return dict(self._digests)
+        found: dict[str, str] = {}
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        for rel in self.unit_files:
+            side = self.path / f"{rel}{tq_storage_fix.DIGEST_SUFFIX}"
+            while not side.exists():
+                if time.monotonic() > deadline:
+                    raise DataPlaneError(f"{self.path / rel}: its storage unit reported no digest within {timeout_s:g} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
+            entry = json.loads(side.read_text())
+            side.unlink()
+            if "error" in entry:
+                raise DataPlaneError(f"{self.path / rel}: its storage unit failed to hash it: {entry['error']}")
+            if entry.get("size") != self.sizes.get(rel):
+                raise DataPlaneError(
+                    f"{self.path / rel}: {self.sizes.get(rel)} bytes on disk, its storage unit hashed {entry.get('size')}"
+                )
+            found[rel] = str(entry["sha256"])
+        self._digests = found
+        return dict(found)
 
 
 class Restored(NamedTuple):
@@ -308,11 +358,19 @@ class DataPlaneClient:
     # -- snapshot -------------------------------------------------------------------------------
 
     def save_checkpoint(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> dict[str, int]:
-        """Snapshot TransferQueue into `directory` (must not exist); returns {relpath: size}.
+        """Snapshot TransferQueue into `directory` (must not exist) and wait for the digests; {relpath: size}."""
+        pending = self.snapshot(directory, metadata)
+        pending.digests()
+        return dict(pending.sizes)
+
+    def snapshot(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> PendingSnapshot:
+        """Snapshot TransferQueue into `directory` (must not exist); returns once every file is written.
 
         `metadata` (JSON values) is stored with the snapshot and returned by `load_checkpoint`.
-        Callers hold the barrier's exclusive window so no mutation runs meanwhile. Files are
-        not fsynced here: the bundle commit fsyncs every file after the window closes.
+        Callers hold the barrier's exclusive window so no mutation runs meanwhile. The storage
+        units go on hashing their files from memory after this returns (`PendingSnapshot.digests`
+        waits for them), so the window does not include the hashing. Files are not fsynced here:
+        the bundle commit fsyncs every file after the window closes.
         """
         self._begin("save_checkpoint")
         path = Path(directory).absolute()
@@ -328,18 +386,24 @@ class DataPlaneClient:
             )
             meta = {"storage_saved": True, "user_metadata": user}
             (path / _METADATA_FILE).write_text(json.dumps(meta, indent=2))
+            units = json.loads((path / _UNIT_INFO).read_text())
+            unit_files = [f"{_UNIT_DIR}/su_{u['position']}_{u['storage_unit_id']}.pkl" for u in units]
         except Exception as e:
             shutil.rmtree(path, ignore_errors=True)
             raise DataPlaneError(f"TransferQueue snapshot into {path} failed: {e}") from e
-        files = {p.relative_to(path).as_posix(): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+        files = {
+            p.relative_to(path).as_posix(): p.stat().st_size
+            for p in sorted(path.rglob("*"))
+            if p.is_file() and not _is_digest(p.name)
+        }
         sidecar = {
             "format": _SIDECAR_FORMAT,
             "transferqueue": tq_storage_fix.PINNED_TQ_VERSION,
-            "storage_units": len(json.loads((path / _UNIT_INFO).read_text())),
+            "storage_units": len(units),
             "files": files,
         }
         (path / SIDECAR).write_text(json.dumps(sidecar, sort_keys=True, indent=1) + "\n")
-        return files
+        return PendingSnapshot(path, files, unit_files)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -565,13 +629,20 @@ def check_data_plane_dir(path: Path, *, storage_units: int | None = None) -> dic
     side = path / SIDECAR
     try:
         sidecar = json.loads(side.read_text())
+        found_format = sidecar.get("format")
         files = sidecar["files"]
-        if not isinstance(files, dict) or sidecar.get("format") != _SIDECAR_FORMAT:
-            raise ValueError("unexpected layout")
     except FileNotFoundError:
         raise CheckpointCorrupt(f"{side}: missing") from None
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointCorrupt(f"{side}: unreadable ({e})") from None
+    if found_format != _SIDECAR_FORMAT:
+        raise CheckpointCorrupt(
+            f"{side}: data-plane snapshot format {found_format!r}, this trainingrun reads format {_SIDECAR_FORMAT} "
+            "only (format 1 pickled the storage units); restore it with the trainingrun version that wrote it, "
+            "or resume from a checkpoint written by this version"
+        )
+    if not isinstance(files, dict):
+        raise CheckpointCorrupt(f"{side}: unreadable (unexpected layout)")
     if sidecar.get("transferqueue") != tq_storage_fix.PINNED_TQ_VERSION:
         raise CheckpointCorrupt(
             f"{side}: written by transferqueue {sidecar.get('transferqueue')}, "
@@ -599,6 +670,10 @@ def check_data_plane_dir(path: Path, *, storage_units: int | None = None) -> dic
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+
+
+def _is_digest(name: str) -> bool:
+    return name.endswith((tq_storage_fix.DIGEST_SUFFIX, tq_storage_fix.DIGEST_SUFFIX + ".tmp"))
 
 
 def _find_controller() -> Any:

@@ -8,21 +8,22 @@ checkpoint of rows put N at a time is about N times the raw data (19 MiB of rows
 put 256 at a time became 4.9 GB and took 27 s).
 
 The fix, in one place: storage units started through `install()` keep a
-`CompactStorageUnitData` whose `save_checkpoint` writes each field as one column,
-a single contiguous byte buffer holding only each row's own bytes, plus the
-per-row dtype and shape (or one dtype and shape when the column is uniform).
-The file stays a pickle with the same top-level layout, so 0.1.11's own
-`StorageUnitData.load_checkpoint` reads it unchanged: unpickling calls
-`rebuild_column`, which hands back `{global_index: tensor}` with each row a view
-into one buffer read straight from the file (one copy, no per-row pickling).
-Rows that are not dense CPU tensors (strings, nested tensors, `None`) are
-pickled as before.
+`CompactStorageUnitData`, whose `save_checkpoint` writes a `column_file` (format 2):
+a JSON header describing every row (global index, dtype, shape, offset) and then
+each field's rows as their own raw bytes, handed to `os.writev` straight from the
+rows' memory (no compaction copy, no pickle copy), hashed with SHA-256 from that
+same memory while the kernel copies it. The unit leaves `{size, sha256}` beside
+the file (`DIGEST_SUFFIX`) for the data-plane client, so the bundle never reads
+the file back to hash it. `load_checkpoint` reads the data section into one
+preallocated buffer and hands out each row as a view into it; a file in the old
+pickle format (format 1) is refused, naming the file. Rows that are not dense
+CPU tensors (strings, nested tensors, `None`) are pickled in one trailing blob.
 
 Who calls it: `dataplane.BootstrapDataPlane.start()` calls `install()` right
 before `tq.init`, which makes TransferQueue's SimpleStorage bootstrap create
 `CompactSimpleStorageUnit` actors (same names, same config) instead of the stock
 ones. The actor class lives in this module, so every storage-unit process
-imports it, and with it `rebuild_column` for loading.
+imports it, and with it `column_file` for loading.
 
 What it relies on (checked by `check_version()`, pinned to 0.1.11): the
 `StorageUnitData` checkpoint state layout (`storage_unit_id`,
@@ -36,36 +37,35 @@ time, and fails if the fix stops applying.
 
 from __future__ import annotations
 
+import json
 import logging
-import pickle
-from collections.abc import Mapping
+import os
+import threading
 from pathlib import Path
 from typing import Any, Final
 
 import ray
-import torch
 import transfer_queue  # type: ignore[import-untyped]
 from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
+from trainingrun_runtime import column_file
 from trainingrun_runtime.errors import DataPlaneError
 
 __all__ = [
+    "DIGEST_SUFFIX",
     "PINNED_TQ_VERSION",
     "CompactSimpleStorageUnit",
     "CompactStorageUnitData",
     "check_version",
     "install",
     "installed",
-    "rebuild_column",
 ]
 
 log = logging.getLogger(__name__)
 
 PINNED_TQ_VERSION: Final = "0.1.11"
 """The only TransferQueue version whose SimpleStorage internals this fix was written and tested against."""
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def check_version() -> None:
@@ -91,108 +91,48 @@ def check_version() -> None:
         raise DataPlaneError(f"transferqueue {found} lacks {missing}; the SimpleStorage fix cannot apply")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = str(dtype).removeprefix("torch.")
-        _DTYPE_NAMES[dtype] = name
-    return name
+DIGEST_SUFFIX: Final = ".digest"
+"""`<unit file><DIGEST_SUFFIX>`: JSON {size, sha256} (or {error}) of a unit file, computed by the unit from memory.
 
-
-def _is_dense_cpu(value: object) -> bool:
-    # `is_cpu` rather than `device.type`: the latter builds a device object per call (slow per row).
-    return type(value) is torch.Tensor and value.layout == torch.strided and value.is_cpu and not value.is_quantized
-
-
-class _Column:
-    """One field of one storage unit, pickled as a single contiguous byte buffer."""
-
-    def __init__(self, rows: Mapping[int, Any]) -> None:
-        self.rows = rows
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        tensors: dict[int, torch.Tensor] = {}
-        others: dict[int, Any] = {}
-        for gi, value in self.rows.items():
-            if _is_dense_cpu(value):
-                tensors[gi] = value
-            else:
-                others[gi] = value
-        values = list(tensors.values())
-        if not values:
-            return rebuild_column, ((), None, None, None, pickle.PickleBuffer(bytearray()), others)
-        indexes = tuple(tensors)
-        first = values[0]
-        if len({v.dtype for v in values}) == 1:
-            try:
-                # One C call checks that the shapes agree and copies every row once into a fresh, owned buffer.
-                blob = torch.stack(values).reshape(-1).view(torch.uint8)
-            except RuntimeError:
-                pass  # rows of different shapes: one (dtype, shape) per row below
-            else:
-                dtype, shape = _dtype_name(first.dtype), tuple(first.shape)
-                return rebuild_column, (indexes, dtype, shape, None, _buffer(blob), others)
-        dtypes = [_dtype_name(v.dtype) for v in values]
-        shapes = [tuple(v.shape) for v in values]
-        blob = torch.cat([v.detach().contiguous().reshape(-1).view(torch.uint8) for v in values])
-        return rebuild_column, (indexes, dtypes, shapes, None, _buffer(blob), others)
-
-
-def _buffer(blob: torch.Tensor) -> pickle.PickleBuffer:
-    return pickle.PickleBuffer(blob.numpy().data)
-
-
-def rebuild_column(
-    indexes: tuple[int, ...],
-    dtypes: str | list[str] | None,
-    shapes: tuple[int, ...] | list[tuple[int, ...]] | None,
-    _reserved: None,
-    buffer: bytearray | bytes,
-    others: dict[int, Any],
-) -> dict[int, Any]:
-    """Unpickle one column written by `CompactStorageUnitData`: `{global_index: row}`.
-
-    Called by pickle inside TransferQueue's own `StorageUnitData.load_checkpoint`.
-    Tensor rows are views into the one buffer read from the file.
-    """
-    rows: dict[int, Any] = {}
-    if indexes:
-        flat = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.empty(0, dtype=torch.uint8)
-        if isinstance(dtypes, str):
-            assert shapes is not None and not isinstance(shapes, list)
-            dtype = getattr(torch, dtypes)
-            stacked = flat.view(dtype).view(len(indexes), *shapes)
-            rows.update(zip(indexes, stacked.unbind(0), strict=True))
-        else:
-            assert isinstance(dtypes, list) and isinstance(shapes, list)
-            offset = 0
-            for gi, dtype_name, shape in zip(indexes, dtypes, shapes, strict=True):
-                dtype = getattr(torch, dtype_name)
-                numel = 1
-                for dim in shape:
-                    numel *= dim
-                nbytes = numel * dtype.itemsize
-                rows[gi] = flat[offset : offset + nbytes].view(dtype).view(shape)
-                offset += nbytes
-            if offset != len(flat):
-                raise ValueError(f"column buffer holds {len(flat)} bytes but its rows describe {offset}")
-    rows.update(others)
-    return rows
+TransferQueue's save reply carries no payload, and the digest is finished after the reply (it
+overlaps the disk's writeback), so the unit publishes it beside the file (written to a temporary
+name, then renamed); `dataplane.PendingSnapshot.digests` waits for, reads and deletes these files."""
 
 
 class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[misc]
-    """`StorageUnitData` whose checkpoint holds each row's own bytes once, written column by column."""
+    """`StorageUnitData` whose snapshot holds each row's own bytes once (`column_file` format 2)."""
+
+    last_timings: dict[str, float] = {}  # noqa: RUF012 - replaced, never mutated
+    """Seconds per phase of this unit's last snapshot write or load (profiling, read through Ray)."""
 
     def save_checkpoint(self, path: str | Path, storage_unit_id: str) -> None:
-        """Write the same state layout as 0.1.11, with columns instead of per-row views (not fsynced)."""
-        state = {
-            "storage_unit_id": storage_unit_id,
-            "storage_unit_size": self.storage_size,
-            "field_data": {name: _Column(rows) for name, rows in self.field_data.items()},
-            "active_keys": self._active_keys,
-        }
-        with open(path, "wb") as f:
-            pickle.dump(state, f, protocol=5)
+        """Write the unit's rows straight from memory (not fsynced); the digest is published when done."""
+        state = column_file.UnitState(storage_unit_id, self.storage_size, self.field_data, self._active_keys)
+        pending = column_file.write(path, state)
+        self.last_timings = pending.timings
+        threading.Thread(target=_publish_digest, args=(str(path), pending), name="unit-digest", daemon=True).start()
+
+    def load_checkpoint(self, path: str | Path) -> int | None:
+        """Replace the unit's rows with a `column_file` snapshot; a file of another format is refused, naming it."""
+        state = column_file.read(path)
+        self.last_timings = dict(state.timings)
+        self.field_data = state.field_data
+        self._active_keys = state.active_keys
+        return state.storage_unit_size
+
+
+def _publish_digest(path: str, pending: column_file.PendingWrite) -> None:
+    try:
+        written = pending.result()
+        body = {"size": written.size, "sha256": written.sha256}
+    except Exception as e:  # reported to the waiter, which raises it
+        body = {"error": f"{type(e).__name__}: {e}"}
+    tmp = f"{path}{DIGEST_SUFFIX}.tmp"
+    try:
+        Path(tmp).write_text(json.dumps(body))
+        os.replace(tmp, f"{path}{DIGEST_SUFFIX}")
+    except OSError as e:  # the snapshot directory was discarded meanwhile
+        log.info("digest of %s not published: %s", path, e)
 
 
 class CompactSimpleStorageUnit(simple_storage.SimpleStorageUnit.__ray_actor_class__):  # type: ignore[misc]

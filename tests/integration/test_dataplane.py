@@ -20,7 +20,7 @@ import ray
 import torch
 import transfer_queue
 
-from trainingrun_runtime import dataplane, tq_storage_fix
+from trainingrun_runtime import bundle, dataplane, tq_storage_fix
 from trainingrun_runtime.dataplane import (
     BootstrapDataPlane,
     ConnectOnlyDataPlane,
@@ -290,6 +290,33 @@ def test_the_snapshot_sidecar_lists_every_file(planes: Planes, tmp_path: Path) -
     assert dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
     with pytest.raises(CheckpointCorrupt, match=f"snapshot has {UNITS} storage units, this TransferQueue 3"):
         dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=3)
+
+
+def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_files(
+    planes: Planes, tmp_path: Path
+) -> None:
+    _, client = planes.live()
+    client.put_groups("hashed", groups_of("h", 2, 4), {"x": torch.randn(8, 64), "s": [f"t{i}" for i in range(8)]})
+    pending = client.snapshot(tmp_path / "dp", {"step": 1})
+    digests = pending.digests()
+    units = sorted(rel for rel in pending.sizes if rel.startswith("simple_storage/su_"))
+    assert sorted(digests) == units and len(units) == UNITS
+    for rel, sha in digests.items():
+        assert bundle.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
+    assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
+    dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
+    client.clear_groups("hashed", groups_of("h", 2, 4))
+
+
+def test_a_snapshot_in_the_old_format_is_refused_naming_the_file_and_the_fix(planes: Planes, tmp_path: Path) -> None:
+    _, client = planes.live()
+    client.save_checkpoint(tmp_path / "dp", {"step": 1})
+    side = tmp_path / "dp" / dataplane.SIDECAR
+    sidecar = json.loads(side.read_text())
+    side.write_text(json.dumps({**sidecar, "format": 1}))
+    with pytest.raises(CheckpointCorrupt, match=rf"{re.escape(str(side))}: data-plane snapshot format 1, .* reads "
+                       r"format 2 only .* restore it with the trainingrun version that wrote it"):  # fmt: skip
+        dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
 
 
 def test_loading_through_a_client_that_was_already_used_is_refused(planes: Planes, tmp_path: Path) -> None:

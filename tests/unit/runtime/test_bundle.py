@@ -281,6 +281,38 @@ def test_discovery_picks_the_newest_valid_step_numerically_and_ignores_other_ent
     assert d.bundle is not None and d.bundle.manifest == d.latest
 
 
+def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_on_its_refusal(
+    tmp_path: Path,
+) -> None:
+    for step in (1, 2, 3):
+        save(tmp_path, step)
+    seen: list[int] = []
+
+    def check(opened: bundle.RestoreBundle) -> str:
+        seen.append(opened.manifest.step)
+        if opened.manifest.step == 3:
+            raise CheckpointCorrupt(f"{opened.path}: refused by the caller")
+        if opened.manifest.step == 2:
+            raise DigestError(f"{opened.path}: digest differs")
+        return f"selected {opened.path.name}"
+
+    d = discover(tmp_path, RUN, check=check, skip_on=(DigestError,))
+    assert seen == [3, 2, 1] and d.checked == "selected step_1" and d.latest is not None and d.latest.step == 1
+    assert [why for _, why in d.skipped] == [f"{tmp_path / RUN / 'step_3'}: refused by the caller",
+                                             f"{tmp_path / RUN / 'step_2'}: digest differs"]  # fmt: skip
+    assert d.candidates == 3
+
+
+def test_a_check_error_that_older_steps_would_share_propagates_from_discovery(tmp_path: Path) -> None:
+    save(tmp_path, 1)
+
+    def check(opened: bundle.RestoreBundle) -> None:
+        raise ValueError("partition differs from the configured one")
+
+    with pytest.raises(ValueError, match="partition differs"):
+        discover(tmp_path, RUN, check=check)
+
+
 def _truncate(step_dir: Path) -> str:
     p = step_dir / DATA_PLANE / "storage_0.pkl"
     p.write_bytes(p.read_bytes()[:-7])

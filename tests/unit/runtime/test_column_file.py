@@ -1,0 +1,116 @@
+"""The storage-unit snapshot format (column_file): round trip, digest from memory, refusals. No Ray."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainingrun_runtime import column_file
+from trainingrun_runtime.errors import CheckpointCorrupt
+
+
+def put_rows(n: int, width: int, dtype: torch.dtype, first: int) -> dict[int, torch.Tensor]:
+    """Rows as TransferQueue's SimpleStorage keeps them: views into one put buffer."""
+    buffer = torch.arange(n * width).to(dtype).reshape(n, width)
+    return dict(zip(range(first, first + n), buffer.unbind(0), strict=True))
+
+
+def unit_state() -> column_file.UnitState:
+    tokens = {**put_rows(4, 16, torch.int64, 0), **put_rows(3, 16, torch.int64, 10)}  # two puts
+    return column_file.UnitState(
+        storage_unit_id="TQ_STORAGE_UNIT_test",
+        storage_unit_size=None,
+        field_data={
+            "tokens": tokens,
+            "reward": {gi: torch.tensor(float(gi)) for gi in tokens},  # 0-dim rows
+            "response": {gi: torch.arange(gi % 3 + 1, dtype=torch.int16) for gi in tokens},  # jagged
+            "mixed": {0: torch.ones(3, dtype=torch.uint8), 1: torch.ones(2, dtype=torch.float64)},  # alignment
+            "text": {gi: f"row {gi}" for gi in tokens},  # not tensors: pickled
+            "strided": {0: torch.arange(12).reshape(3, 4).t()},  # non-contiguous
+            "empty": {},
+        },
+        active_keys=set(tokens),
+    )
+
+
+def assert_same_rows(a: dict[str, dict[int, Any]], b: dict[str, dict[int, Any]]) -> None:
+    assert a.keys() - {"empty"} == b.keys() - {"empty"}
+    for name, rows in a.items():
+        got = b.get(name, {})
+        assert list(rows) == list(got), name
+        for gi, value in rows.items():
+            if isinstance(value, torch.Tensor):
+                assert got[gi].dtype == value.dtype and got[gi].shape == value.shape, (name, gi)
+                assert torch.equal(got[gi], value), (name, gi)
+            else:
+                assert got[gi] == value, (name, gi)
+
+
+def test_rows_round_trip_with_their_dtypes_shapes_and_indexes(tmp_path: Path) -> None:
+    state = unit_state()
+    written = column_file.write(tmp_path / "su", state).result()
+    loaded = column_file.read(tmp_path / "su")
+    assert (loaded.storage_unit_id, loaded.storage_unit_size) == (state.storage_unit_id, None)
+    assert loaded.active_keys == state.active_keys
+    assert_same_rows(state.field_data, loaded.field_data)
+    assert written.size == (tmp_path / "su").stat().st_size
+
+
+def test_the_digest_computed_from_memory_is_the_files_sha256(tmp_path: Path) -> None:
+    written = column_file.write(tmp_path / "su", unit_state()).result()
+    assert written.sha256 == hashlib.sha256((tmp_path / "su").read_bytes()).hexdigest()
+
+
+def test_the_file_holds_each_rows_own_bytes_once_not_the_put_buffer(tmp_path: Path) -> None:
+    buffer = torch.zeros(256, 1024, dtype=torch.float32)
+    rows = dict(enumerate(buffer.unbind(0)))
+    live = {gi: rows[gi] for gi in range(0, 256, 64)}  # 4 rows left of a 256-row put
+    state = column_file.UnitState("u", None, {"x": live}, set(live))
+    written = column_file.write(tmp_path / "su", state).result()
+    assert written.size < 4 * 1024 * 4 + 4096
+
+
+def test_loaded_rows_are_views_into_one_buffer(tmp_path: Path) -> None:
+    column_file.write(tmp_path / "su", unit_state()).result()
+    tokens = column_file.read(tmp_path / "su").field_data["tokens"]
+    storages = {t.untyped_storage().data_ptr() for t in tokens.values()}
+    assert len(storages) == 1
+
+
+def test_a_format_1_pickle_is_refused_naming_the_file_and_the_fix(tmp_path: Path) -> None:
+    old = tmp_path / "su_0_TQ_STORAGE_UNIT_old.pkl"
+    old.write_bytes(pickle.dumps({"storage_unit_id": "x", "field_data": {}, "active_keys": set()}, protocol=5))
+    with pytest.raises(CheckpointCorrupt, match=rf"{old}: not a storage-unit snapshot of format 2 .* older trainingrun"):
+        column_file.read(old)
+
+
+@pytest.mark.parametrize("cut", [10, 1000, 5])
+def test_a_truncated_file_is_refused_naming_the_file(tmp_path: Path, cut: int) -> None:
+    path = tmp_path / "su"
+    column_file.write(path, unit_state()).result()
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) - cut] if cut != 5 else raw[:5])
+    with pytest.raises(CheckpointCorrupt, match=rf"{path}: "):
+        column_file.read(path)
+
+
+def test_an_existing_file_is_never_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "su").write_bytes(b"keep")
+    with pytest.raises(FileExistsError):
+        column_file.write(tmp_path / "su", unit_state())
+    assert (tmp_path / "su").read_bytes() == b"keep"
+
+
+def test_a_large_column_is_read_into_one_buffer_that_outlives_the_file(tmp_path: Path) -> None:
+    rows = put_rows(640, 1024, torch.int64, 0)  # 5 MiB: read into huge-page memory where the kernel allows
+    state = column_file.UnitState("u", 7, {"tokens": rows}, set(rows))
+    column_file.write(tmp_path / "su", state).result()
+    loaded = column_file.read(tmp_path / "su")
+    (tmp_path / "su").unlink()
+    assert loaded.storage_unit_size == 7
+    assert_same_rows(state.field_data, loaded.field_data)
