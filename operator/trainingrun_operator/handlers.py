@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
@@ -37,6 +38,7 @@ PREFIX = "trainingrun.dev"
 FINALIZER = f"{PREFIX}/finalizer"
 RESYNC_SECONDS = 120.0  # a pass even without events: a safety net, not the mechanism
 MAX_ERROR_DELAY = 60.0
+READ_AHEAD = 0.1  # a requested pass reads this much before it is due, and decides when due
 
 
 @dataclasses.dataclass
@@ -122,14 +124,22 @@ def supervised_runs(memo: Any, **_: Any) -> int:
 
 @kopf.daemon(model.GROUP, model.VERSION, model.PLURAL, cancellation_timeout=10.0)
 async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
-    """Reconcile this run whenever woken, or when the last pass asked to be called back."""
+    """Reconcile this run whenever woken, or when the last pass asked to be called back.
+
+    A pass that was asked for (a backoff's end) starts `READ_AHEAD` seconds early: it reads the run, its
+    RayJobs and pods, then decides at the due moment (see `reconciler.reconcile`'s `not_before`), so the
+    next attempt's RayJob is not one more round of reads late.
+    """
     memo, namespace = _memo(memo), _ns(namespace)
     wake = memo.wakeups.event(namespace, name)
     failures = 0
+    due: float | None = None
     while not stopped:
         wake.clear()
         try:
-            requeue = await reconciler.reconcile(memo.api, namespace, name, memo.clock, memo.departures, memo.wakeups)
+            requeue = await reconciler.reconcile(
+                memo.api, namespace, name, memo.clock, memo.departures, memo.wakeups, not_before=due
+            )
             failures = 0
         except asyncio.CancelledError:
             raise
@@ -137,7 +147,9 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
             failures += 1
             requeue = min(MAX_ERROR_DELAY, 0.5 * 2**failures) if exc.retryable else MAX_ERROR_DELAY
             logger.warning("%s/%s: reconcile failed (%s), retrying in %.1fs", namespace, name, exc, requeue)
-        await wakeups.wait_any(wake.wait(), stopped.wait(), timeout=requeue if requeue is not None else memo.resync_seconds)
+        due = time.monotonic() + requeue if requeue is not None else None
+        timeout = max(0.0, requeue - READ_AHEAD) if requeue is not None else memo.resync_seconds
+        await wakeups.wait_any(wake.wait(), stopped.wait(), timeout=timeout)
 
 
 # The event handlers are coroutines on purpose: kopf runs plain functions in a thread pool, and the wake-up

@@ -43,6 +43,7 @@ __all__ = ["Clock", "finalize", "gather", "observe", "reconcile", "utc_now"]
 
 logger = logging.getLogger(__name__)
 Clock = Callable[[], datetime.datetime]
+READ_AHEAD_LIMIT = 0.2  # the longest a pass waits, after its reads, for the moment it was asked for
 
 
 def utc_now() -> datetime.datetime:
@@ -151,12 +152,17 @@ async def reconcile(
     clock: Clock = utc_now,
     memory: departures.Departures | None = None,
     signals: wakeups.Wakeups | None = None,
+    *,
+    not_before: float | None = None,
 ) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events).
 
     The delay is counted from the moment of the decision, not from the end of the pass: the writes and
     events after it (tens of milliseconds on a loaded API server) do not push a backoff's end further out.
     `signals` learns what the pass read, so that watch events that bring nothing new (our own writes) wake no one.
+    `not_before` (time.monotonic()): the moment the caller asked this pass for; a pass that has done its reads
+    less than `READ_AHEAD_LIMIT` before it waits for it before deciding (reads a few tens of milliseconds old,
+    as in any pass), so that a backoff ends on time; a pass further ahead (woken by an event) decides at once.
     """
     obj, jobs, pods = await gather(api, namespace, name)
     if obj is not None and signals is not None:
@@ -175,6 +181,8 @@ async def reconcile(
         return None
     status = run.status or model.TrainingRunStatus()
     observed = await observe(api, namespace, name, status, jobs, pods, memory)
+    if not_before is not None and 0 < not_before - time.monotonic() <= READ_AHEAD_LIMIT:
+        await asyncio.sleep(not_before - time.monotonic())
     now, decided = clock(), time.monotonic()
     result = decision.decide(
         decision.Inputs(

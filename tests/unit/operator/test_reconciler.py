@@ -204,3 +204,34 @@ async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is
     api = WithHead(run, [job])
     await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, memory)  # type: ignore[arg-type]
     assert "start event Preempted" in api.log, api.log
+
+
+def restarting(next_attempt_in: float) -> dict[str, Any]:
+    run, _ = running_attempt_whose_rayjob_failed()
+    wake = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=next_attempt_in)
+    run["status"].update(
+        phase="Restarting", reason="ApplicationFailure", consecutiveFailures=1,
+        nextAttemptTime=wake.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
+    run["status"]["attempt"].update(end="2025-01-01T00:00:01Z", reason="ApplicationFailure")
+    return run
+
+
+async def test_a_pass_asked_for_a_backoffs_end_reads_ahead_and_starts_the_next_attempt_when_due() -> None:
+    api = FakeApi(restarting(0.15))
+    started = time.monotonic()
+    requeue = await reconciler.reconcile(
+        api, "ns", "tiny", reconciler.utc_now, not_before=started + 0.15  # type: ignore[arg-type]
+    )
+    assert "start create rayjob" in api.log and requeue is None, api.log
+    assert time.monotonic() - started >= 0.14, "decided before the moment it was asked for"
+
+
+async def test_a_pass_woken_long_before_it_is_due_decides_at_once() -> None:
+    api = FakeApi(restarting(1.0))
+    started = time.monotonic()
+    requeue = await reconciler.reconcile(
+        api, "ns", "tiny", reconciler.utc_now, not_before=started + 1.0  # type: ignore[arg-type]
+    )
+    assert "start create rayjob" not in api.log and time.monotonic() - started < 0.1
+    assert requeue is not None and 0.8 < requeue <= 1.0
