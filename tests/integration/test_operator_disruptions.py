@@ -13,7 +13,6 @@ Everything asserted is read back through the API server: status, conditions, eve
 
 from __future__ import annotations
 
-import shlex
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,23 +20,13 @@ from typing import Any
 
 import pytest
 
-from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, tiny_run
+from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, args_of, eventually, phase_is, tiny_run
 from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
-
-
-def args_of(job: dict[str, Any]) -> dict[str, str]:
-    argv = shlex.split(job["spec"]["entrypoint"])
-    return dict(zip(argv[3::2], argv[4::2]))
-
-
-def phase_is(cluster: Cluster, run: str, phase: str) -> dict[str, Any] | None:
-    status = cluster.status(run)
-    return status if status.get("phase") == phase else None
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import pathlib
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,17 @@ def eventually(probe: Callable[[], T | None], timeout: float = 45.0, what: str =
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.1)
+
+
+def args_of(job: dict[str, Any]) -> dict[str, str]:
+    """The driver's `--flag value` pairs from a RayJob's entrypoint."""
+    argv = shlex.split(job["spec"]["entrypoint"])
+    return dict(zip(argv[3::2], argv[4::2]))
+
+
+def phase_is(cluster: Cluster, run: str, phase: str) -> dict[str, Any] | None:
+    status = cluster.status(run)
+    return status if status.get("phase") == phase else None
 
 
 def tiny_run(name: str = "tiny", **spec_overrides: Any) -> dict[str, Any]:

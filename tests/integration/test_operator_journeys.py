@@ -3,25 +3,14 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import pytest
 
-from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, tiny_run
+from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, args_of, eventually, phase_is, tiny_run
 from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cluster
-
-
-def args_of(job: dict[str, Any]) -> dict[str, str]:
-    argv = shlex.split(job["spec"]["entrypoint"])
-    return dict(zip(argv[3::2], argv[4::2]))
-
-
-def phase_is(cluster: Cluster, run: str, phase: str) -> dict[str, Any] | None:
-    status = cluster.status(run)
-    return status if status.get("phase") == phase else None
 
 
 def pods_gone(cluster: Cluster, attempt: int) -> bool:
