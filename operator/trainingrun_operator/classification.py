@@ -77,7 +77,7 @@ def _disruption(pod: PodObservation) -> str:
     if pod.node_gone:
         return f"node {pod.node_name} of pod {pod.name} is gone"
     if pod.node_ready is False:
-        return f"node {pod.node_name} of pod {pod.name} is NotReady"
+        return f"node {pod.node_name} of pod {pod.name} is not Ready (its Ready condition is False or Unknown)"
     return ""
 
 

@@ -89,7 +89,7 @@ def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_wait
         timeout=120, what="attempt 1 ended after its node stopped heartbeating",
     )
     assert ended[0]["reason"] == "Preempted", ended[0]
-    assert f"node {node}" in ended[0]["message"] and "NotReady" in ended[0]["message"], ended[0]
+    assert f"node {node}" in ended[0]["message"] and "not Ready" in ended[0]["message"], ended[0]
     status = cluster.status("tiny")
     assert status["restarts"]["preempted"] == 1
     assert status["restarts"]["applicationFailure"] == 0 and status["restarts"]["infrastructureFailure"] == 0
