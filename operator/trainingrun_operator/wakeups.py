@@ -5,8 +5,8 @@ at once, because only its own supervisor (`handlers.supervise`) reconciles it.
 
 A TrainingRun's own watch events mostly carry the operator's writes (its status patches, kopf's finalizer):
 waking on them costs a pass per write that learns nothing new. What a pass reads from the TrainingRun and did
-not write itself is its generation (spec edits), `status.runtime` (the driver's reports) and the deletion
-mark; `saw` keeps those as the last pass read them and `is_news` tells whether a watch event changes them.
+not write itself is its generation (spec edits), `status.runtime` (the driver's reports, less the progress
+fields it sends about once a second) and the deletion mark; `saw` keeps those as the last pass read them and `is_news` tells whether a watch event changes them.
 Every call here happens on the event loop (the kopf handlers that call it are coroutines): asyncio.Event is
 not thread-safe.
 """
@@ -55,9 +55,17 @@ class Wakeups:
         return len(self._events)
 
 
+PROGRESS_ONLY = frozenset({"step", "reward", "updated"})
+"""`status.runtime` fields a decision reads only when an attempt ends (`stepsLost`), from the pass that ends it:
+the driver reports them about once a second, and they alone wake no one."""
+
+
 def _news(run: Mapping[str, Any]) -> tuple[object, ...]:
     meta, status = run.get("metadata") or {}, run.get("status") or {}
-    return meta.get("generation"), meta.get("deletionTimestamp"), json.dumps(status.get("runtime"), sort_keys=True)
+    runtime = status.get("runtime")
+    if isinstance(runtime, Mapping):
+        runtime = {k: v for k, v in runtime.items() if k not in PROGRESS_ONLY}
+    return meta.get("generation"), meta.get("deletionTimestamp"), json.dumps(runtime, sort_keys=True)
 
 
 async def wait_any(*waits: Awaitable[object], timeout: float | None) -> None:

@@ -115,6 +115,21 @@ async def test_a_pass_notes_what_it_read_so_that_its_own_writes_wake_no_one_but_
     assert signals.is_news("ns", "tiny", deleting) and signals.is_news("ns", "other", own_write)
 
 
+async def test_a_progress_report_wakes_no_one_but_a_new_checkpoint_in_it_does() -> None:
+    checkpoint = {"step": 10, "path": "/c/tiny/step_10", "attempt": 1, "time": "t"}
+    read = tiny({"phase": "Running", "runtime": {"attempt": 1, "step": 10, "updated": "t1", "lastCheckpoint": checkpoint}})
+    api, signals = FakeApi(read), wakeups.Wakeups()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, None, signals)  # type: ignore[arg-type]
+    progress = copy.deepcopy(read)
+    progress["status"]["runtime"].update(step=13, reward=0.5, updated="t2")
+    assert not signals.is_news("ns", "tiny", progress)
+    saved = copy.deepcopy(progress)
+    saved["status"]["runtime"]["lastCheckpoint"] = {**checkpoint, "step": 20, "path": "/c/tiny/step_20"}
+    finished = copy.deepcopy(progress)
+    finished["status"]["runtime"]["finished"] = True
+    assert signals.is_news("ns", "tiny", saved) and signals.is_news("ns", "tiny", finished)
+
+
 def running_attempt_whose_rayjob_failed() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     status = {
         "phase": "Running", "reason": "AttemptRunning",
