@@ -132,9 +132,9 @@ class SingleControllerActorArgs:
     crash: crashpoints.CrashPoints
     last_checkpoint: reporter.CheckpointReport | None = None
     progress_period_s: float = reporter.PROGRESS_PERIOD_S
+    """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
     run_uid: str | None = None
     """The TrainingRun's uid: with `attempt`, the owner this driver claimed the run directory as (`fence`)."""
-    """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
 
 
 @dataclasses.dataclass(frozen=True)

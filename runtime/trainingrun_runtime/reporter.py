@@ -232,15 +232,12 @@ class ProgressReports:
         reporter: Reporter,
         build: Callable[[], RuntimeStatus],
         period_s: float = PROGRESS_PERIOD_S,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if period_s < 0:
             raise ValueError(f"progress period must be >= 0 seconds, got {period_s}")
         self.reporter = reporter
         self.build = build
         self.period_s = period_s
-        self.clock = clock
-        self.sent = 0
         self._lock = asyncio.Lock()
         self._last: float | None = None
         self._dirty = False
@@ -265,12 +262,11 @@ class ProgressReports:
 
     async def _send_progress(self) -> None:
         while self._dirty:
-            wait = 0.0 if self._last is None else self._last + self.period_s - self.clock()
+            wait = 0.0 if self._last is None else self._last + self.period_s - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
                 if not self._dirty:
                     return  # drained meanwhile (or a checkpoint report carried the step)
-            self._dirty = False
             await self._send()
 
     async def _send(self) -> None:
@@ -283,8 +279,7 @@ class ProgressReports:
                 log.exception("status report at step %s failed", status.get("step"))
                 return
             finally:
-                self._last = self.clock()
-            self.sent += 1
+                self._last = time.monotonic()
 
 
 def build(kind: str, *, root: str, run: str, namespace: str, attempt: int) -> Reporter:
