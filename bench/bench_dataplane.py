@@ -4,8 +4,9 @@ For 20 MiB and 200 MiB of GRPO-like rows (per row: 1024 int64 tokens, 1024 float
 1024 float32 advantages, one float32 reward; groups of 8, put 256 rows at a time) on a real local
 Ray and TransferQueue (2 storage units), it measures what a user pays for:
 
-- save:  a durable, hashed data-plane snapshot: `DataPlaneClient.snapshot` (the storage units write
-         their files straight from row memory, then hash that memory), the units' digests, then
+- save:  a durable, hashed data-plane snapshot: `DataPlaneClient.snapshot` (the storage units plan
+         their files and create them; background threads copy, hash and O_DIRECT-write the rows), the
+         units' digests (waiting for those writes), then
          every file fsynced and the others hashed (`bundle.sync_and_hash`, what the bundle commit
          does); against writing the same number of raw bytes to one file + fsync;
 - load:  a verified restore of the data plane: `bundle.verify` of the step (every checksum, every

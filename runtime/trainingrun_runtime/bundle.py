@@ -535,6 +535,9 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
         concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-hash") as hash_pool,
     ):
         syncs = [sync_pool.submit(_fsync_file, top / rel) for rel in files]
+        # Directories too, at the same time: what orders them is that all of it is durable before the
+        # manifest is written (and one journal commit can then carry many of them at once).
+        syncs += [sync_pool.submit(_fsync_dir, d) for d in dirs]
         hashes = {rel: hash_pool.submit(hash_file, top / rel) for rel in files if rel not in hashed}
         entries = {rel: fut.result() for rel, fut in hashes.items()}
         for fut in syncs:
@@ -547,11 +550,7 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
         if size != entry["size"]:
             raise CheckpointCorrupt(f"{top / rel}: {size} bytes, its writer hashed {entry['size']}")
         entries[rel] = entry
-    entries = dict(sorted(entries.items()))
-    # Directories bottom-up, so every new entry is durable before its parent is.
-    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-        _fsync_dir(d)
-    return entries
+    return dict(sorted(entries.items()))
 
 
 # -- reading -------------------------------------------------------------------------------------------

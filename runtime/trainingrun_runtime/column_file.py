@@ -4,7 +4,7 @@ Written and read inside the storage-unit processes by `tq_storage_fix.CompactSto
 (TransferQueue's own save/load calls reach it there). Format 2 replaces format 1, which was a
 pickle of `{storage_unit_id, storage_unit_size, field_data, active_keys}` with one compacted column
 per field: building that pickle copied every byte twice (torch.stack into a new buffer, then the
-in-band pickle buffer) and loading it copied it again. Here nothing is copied on the way out::
+in-band pickle buffer) and loading it copied it again. The layout::
 
     offset 0    MAGIC (8 bytes, b"TRCOLS\\x00\\x02")  header length (8 bytes, little endian)
     16          header: JSON (storage unit id and size, active keys, per field: global indexes,
@@ -13,15 +13,15 @@ in-band pickle buffer) and loading it copied it again. Here nothing is copied on
                 every column starts 64-byte aligned, every row at a multiple of its item size
     ...         rows that are not dense CPU tensors (strings, nested tensors, None): one pickle
 
-`write` hands the rows' own memory to `os.writev` (runs of rows adjacent in memory, as the rows of
-one put are, become one iovec) and returns as soon as the bytes are in the page cache; background
-threads then start the kernel's writeback and SHA-256-hash the same memory (`PendingWrite`),
-so the caller gets the file's digest without reading the file back (the bundle manifest takes it),
-and the hash overlaps the disk's writeback instead of lengthening the barrier's window. It does not
-fsync: the bundle commit does, after the window.
+`write` plans the layout from the rows' own memory (runs of rows adjacent in memory, as the rows of
+one put are, become one piece), creates the file at its final size and returns: that is all the
+barrier's window pays for. A background thread (`PendingWrite`) then copies the pieces through a few
+reused staging buffers, SHA-256-hashes each staging chunk and writes it with O_DIRECT, so the
+caller gets the file's digest without reading the file back (the bundle manifest takes it). It does
+not fsync: the bundle commit does, after `PendingWrite.result()`.
 
-`read` reads the data section with `readinto` into one preallocated buffer and hands out each row
-as a view into it. A file that does not start with MAGIC (format 1, or not ours) is refused with a
+`read` maps the file copy-on-write and hands out each row as a view into the mapping (no copy; see
+`read` for what that relies on). A file that does not start with MAGIC (format 1, or not ours) is refused with a
 `CheckpointCorrupt` naming the file; nothing is unpickled before the magic and header check out.
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import hashlib
 import json
 import mmap
@@ -51,9 +52,7 @@ FORMAT: Final = 2
 MAGIC: Final = b"TRCOLS\x00\x02"
 _PREFIX = struct.Struct("<8sQ")
 _ALIGN: Final = 64
-_IOV_MAX: Final = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024)
 _ZEROS: Final = bytes(_ALIGN)
-_HUGE: Final = 4 << 20  # read buffers from this size on ask for transparent huge pages
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
@@ -186,13 +185,17 @@ def _plan_column(name: str, rows: Mapping[int, Any], layout: _Layout, keep: list
 
 
 def write(path: str | os.PathLike[str], state: UnitState) -> PendingWrite:
-    """Write `state` to a new file at `path` from the rows' own memory; the SHA-256 follows (`PendingWrite`).
+    """Create `path` for `state` at its final size; a background thread writes and hashes it (`PendingWrite`).
 
-    Returns once the bytes are written (not fsynced). The digest is computed from the same memory by
-    a thread started then, so it overlaps the disk's writeback and whatever the caller does next;
-    the rows written are kept alive until it is done. Mutating a row in place before
-    `PendingWrite.result()` returns would make the digest disagree with the file: TransferQueue
-    never does (a put replaces the row object, a clear drops it).
+    What runs in the caller (inside the barrier's window): planning the layout, which takes a
+    reference to every row written, and creating the file at its final size. The bytes follow in a
+    background thread: the rows are copied chunk by chunk into a few reused, page-aligned staging
+    buffers, each chunk is hashed there and written with `O_DIRECT` (past the page cache, from memory
+    that is already mapped; buffered where the filesystem refuses `O_DIRECT`). `PendingWrite.result()`
+    waits for both and gives the file's SHA-256 without reading it back. Nothing is fsynced here:
+    the bundle commit does that after `result()`. Mutating a row in place before `result()` returns
+    would make the file disagree with the snapshot: TransferQueue never does (a put replaces the row
+    object, a clear drops it), and the references keep cleared rows alive until the write is done.
     """
     started = time.perf_counter()
     layout = _Layout()
@@ -220,93 +223,209 @@ def write(path: str | os.PathLike[str], state: UnitState) -> PendingWrite:
     prefix = _PREFIX.pack(MAGIC, len(head)) + head
     prefix += bytes(_align(len(prefix), _ALIGN) - len(prefix))
     chunks: list[memoryview | bytes] = [prefix, *layout.done()]
-    planned = time.perf_counter()
-
+    size = len(prefix) + layout.offset
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        _writev_all(fd, chunks)
-    finally:
+        os.ftruncate(fd, size)  # the snapshot lists its files' sizes as soon as the units return
+    except BaseException:
         os.close(fd)
-    written = time.perf_counter()
-    timings = {"plan": planned - started, "write": written - planned}
-    threading.Thread(target=_start_writeback, args=(os.fspath(path),), name="column-file-writeback", daemon=True).start()
-    return PendingWrite(len(prefix) + layout.offset, chunks, keep, timings)
+        raise
+    timings = {"plan": time.perf_counter() - started}
+    return PendingWrite(os.fspath(path), fd, size, chunks, keep, timings)
 
 
 class PendingWrite:
-    """A file `write` has written; its SHA-256 is being computed from memory in a background thread."""
+    """A file `write` has created; a background thread is writing and hashing its bytes."""
 
-    def __init__(self, size: int, chunks: list[memoryview | bytes], keep: list[torch.Tensor],
+    def __init__(self, path: str, fd: int, size: int, chunks: list[memoryview | bytes], keep: list[torch.Tensor],
                  timings: dict[str, float]) -> None:  # fmt: skip
+        self.path = path
         self.size = size
         self.timings = timings
-        self._chunks: list[memoryview | bytes] | None = chunks
-        self._keep: list[torch.Tensor] | None = keep
         self._digest = hashlib.sha256()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._hash, name="column-file-hash", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(fd, chunks, keep), name="column-file-write", daemon=True
+        )
         self._thread.start()
 
-    def _hash(self) -> None:
+    def _run(self, fd: int, chunks: list[memoryview | bytes], keep: list[torch.Tensor]) -> None:
         started = time.perf_counter()
         try:
-            assert self._chunks is not None
-            _hash_all(self._digest, self._chunks)  # hashlib releases the GIL on large buffers
+            self.timings["hash"] = _stage_out(self.path, fd, self.size, chunks, self._digest)
         except BaseException as e:  # re-raised by result()
             self._error = e
         finally:
-            self._chunks = self._keep = None  # the rows may be freed now
-            self.timings["hash"] = time.perf_counter() - started
+            os.close(fd)
+            del chunks[:], keep[:]  # the rows may be freed now
+            self.timings["write"] = time.perf_counter() - started
 
     def result(self, timeout: float | None = None) -> Written:
-        """Wait for the digest; the file's size and SHA-256."""
+        """Wait for the bytes and the digest; the file's size and SHA-256."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"hashing did not finish within {timeout} s")
+            raise TimeoutError(f"{self.path}: writing did not finish within {timeout} s")
         if self._error is not None:
             raise self._error
         return Written(size=self.size, sha256=self._digest.hexdigest(), timings=dict(self.timings))
 
 
-def _hash_all(digest: Any, chunks: Iterable[memoryview | bytes]) -> None:
-    for chunk in chunks:
-        digest.update(chunk)
+_STAGE_BYTES: Final = 4 << 20
+"""One staging buffer; a multiple of every O_DIRECT alignment (logical block and page size)."""
+_STAGE_DEPTH: Final = 3
+"""Staging buffers per write: one being filled and hashed, the others queued or being written."""
+_DIRECT_ALIGN: Final = 4096
 
 
-def _writev_all(fd: int, chunks: list[memoryview | bytes]) -> None:
-    views = [memoryview(c) for c in chunks]
-    i = 0
-    while i < len(views):
-        batch = views[i : i + _IOV_MAX]
-        done = os.writev(fd, batch)
-        # Skip what was written; a partial write leaves the rest of one view for the next call.
-        for view in batch:
-            if done >= len(view):
-                done -= len(view)
-                i += 1
-            else:
-                views[i] = view[done:]
-                break
+class _StagingPool:
+    """Page-aligned staging buffers kept for the life of the process, so a snapshot writes from memory that is
+    already mapped (freshly faulted memory costs as much as the disk on some hosts)."""
+
+    def __init__(self) -> None:
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> mmap.mmap:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return mmap.mmap(-1, _STAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+    def give(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            self._free.append(buf)
 
 
-def _start_writeback(path: str) -> None:
-    """Start the kernel's writeback of a file's dirty pages without waiting for it.
+_POOL = _StagingPool()
 
-    `POSIX_FADV_DONTNEED` on dirty pages queues their writeback (and drops the pages once clean),
-    so the disk works while the digest is computed, and the commit's fsync has little left to wait for.
-    """
+
+def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: Any) -> float:
+    """Copy `chunks` through staging buffers, hash each, write each at its offset; seconds spent hashing."""
+    import queue
+
+    direct = _DirectFile(path, fd)
+    todo: queue.Queue[tuple[mmap.mmap, int, int] | None] = queue.Queue(maxsize=_STAGE_DEPTH - 1)
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        while (item := todo.get()) is not None:
+            buf, n, offset = item
+            try:
+                if not failed:
+                    direct.write(buf, n, offset)
+            except BaseException as e:  # reported after the producer stops
+                failed.append(e)
+            finally:
+                _POOL.give(buf)
+
+    thread = threading.Thread(target=writer, name="column-file-writer", daemon=True)
+    thread.start()
+    hashing = 0.0
+    offset = 0
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        buf, filled = _POOL.take(), 0
+        view = memoryview(buf)
+        for chunk in chunks:
+            piece = memoryview(chunk).cast("B")
+            while piece:
+                take = min(len(piece), _STAGE_BYTES - filled)
+                view[filled : filled + take] = piece[:take]
+                filled += take
+                piece = piece[take:]
+                if filled == _STAGE_BYTES:
+                    at = time.perf_counter()
+                    digest.update(view)
+                    hashing += time.perf_counter() - at
+                    view.release()
+                    todo.put((buf, filled, offset))
+                    offset += filled
+                    if failed:
+                        raise failed[0]
+                    buf, filled = _POOL.take(), 0
+                    view = memoryview(buf)
+        if filled:
+            at = time.perf_counter()
+            digest.update(view[:filled])
+            hashing += time.perf_counter() - at
+            view.release()
+            todo.put((buf, filled, offset))
+            offset += filled
+        else:
+            view.release()
+            _POOL.give(buf)
+    finally:
+        todo.put(None)
+        thread.join()
+    if failed:
+        raise failed[0]
+    if offset != size:
+        raise OSError(f"{path}: wrote {offset} bytes, planned {size}")
+    direct.finish()
+    return hashing
+
+
+class _DirectFile:
+    """Writes staging buffers at their offsets with O_DIRECT; buffered if the filesystem refuses O_DIRECT."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._fd = fd
+        self._direct = -1
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if o_direct:
+            try:
+                self._direct = os.open(path, os.O_WRONLY | o_direct)
+            except OSError:
+                self._direct = -1  # tmpfs and some network filesystems: buffered writes
+
+    def write(self, buf: mmap.mmap, n: int, offset: int) -> None:
+        direct = n - n % _DIRECT_ALIGN if self._direct >= 0 else 0
+        if direct:
+            try:
+                self._pwrite_all(self._direct, memoryview(buf)[:direct], offset)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                os.close(self._direct)  # alignment refused after all: buffered from here on
+                self._direct, direct = -1, 0
+        if direct < n:
+            # The last chunk's unaligned tail (or everything, buffered): never past the file's final size,
+            # which the snapshot has already listed.
+            self._pwrite_all(self._fd, memoryview(buf)[direct:n], offset + direct)
+
+    @staticmethod
+    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+        with view:
+            while view:
+                done = os.pwrite(fd, view, offset)
+                view, offset = view[done:], offset + done
+
+    def finish(self) -> None:
+        if self._direct >= 0:
+            os.close(self._direct)
+            self._direct = -1
+        _start_writeback(self._fd)  # the buffered tail, if any (or every byte, without O_DIRECT)
+
+
+def _start_writeback(fd: int) -> None:
+    """Queue the kernel's writeback of a buffered file's dirty pages without waiting, so the commit's fsync finds
+    little left to do (`POSIX_FADV_DONTNEED` on dirty pages starts their writeback)."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
         pass  # an optimization only: the commit's fsync writes whatever is left
 
 
 def read(path: str | os.PathLike[str]) -> UnitState:
-    """Read a file written by `write`; tensor rows are views into one buffer read straight from the file."""
+    """Read a file written by `write`; tensor rows are views into a private mapping of the file.
+
+    The file is mapped copy-on-write (`MAP_PRIVATE`), as `torch.load(mmap=True)` and safetensors do,
+    not copied into new memory: the rows share the page cache's pages (a restore right after the
+    bundle's checksum pass reads nothing from disk again), and a row written in place would get its
+    own copy, never touching the file. What this relies on: a committed bundle's files are never
+    rewritten in place (the bundle only creates, renames and unlinks them; an unlinked file stays
+    readable while mapped). Its cost: the file's disk blocks stay allocated until the last restored
+    row is dropped, and on a network filesystem a page re-read after reclaim may fail (SIGBUS).
+    """
     where = str(path)
     started = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
@@ -329,9 +448,7 @@ def read(path: str | os.PathLike[str]) -> UnitState:
             raise CheckpointCorrupt(f"{where}: unreadable header ({e})") from None
         if data_start + data_nbytes != size:
             raise CheckpointCorrupt(f"{where}: {size} bytes, the header describes {data_start + data_nbytes}")
-        flat = _buffer(data_nbytes)
-        f.seek(data_start)
-        _readinto_all(f, flat.numpy().data, where)
+        flat = _map(f.fileno(), size, data_start, data_nbytes)
     read_s = time.perf_counter() - started
     try:
         field_data = {c["name"]: _rows(flat, c, where) for c in header["fields"]}
@@ -354,30 +471,17 @@ def read(path: str | os.PathLike[str]) -> UnitState:
         raise CheckpointCorrupt(f"{where}: inconsistent header ({type(e).__name__}: {e})") from None
 
 
-def _buffer(nbytes: int) -> torch.Tensor:
-    """An uninitialized byte tensor for a file's data; backed by transparent huge pages where the kernel allows.
-
-    Faulting in 4 KiB pages one by one cost about as much as the read itself (measured: 100 MiB read
-    into fresh memory in ~75 ms with small pages, ~25 ms with huge pages).
-    """
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if nbytes < _HUGE or advice is None:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+def _map(fd: int, size: int, data_start: int, data_nbytes: int) -> torch.Tensor:
+    """The file's data section as a byte tensor over a private (copy-on-write) mapping of the file."""
+    if not data_nbytes:
+        return torch.empty(0, dtype=torch.uint8)
+    region = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     try:
-        region.madvise(advice)
-    except OSError:
-        pass  # THP off: small pages still work
-    return torch.frombuffer(region, dtype=torch.uint8)  # the tensor keeps the mapping alive
-
-
-def _readinto_all(f: Any, view: memoryview, where: str) -> None:
-    got = 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            raise CheckpointCorrupt(f"{where}: truncated (read {got} of {len(view)} data bytes)")
-        got += n
+        region.madvise(mmap.MADV_WILLNEED)  # read ahead now (a no-op when the checksum pass left it cached)
+    except (AttributeError, OSError):
+        pass
+    # The tensor keeps the mapping alive (and with it the file's pages) as long as any row view lives.
+    return torch.frombuffer(region, dtype=torch.uint8, count=data_nbytes, offset=data_start)
 
 
 def _rows(flat: torch.Tensor, column: Mapping[str, Any], where: str) -> dict[int, Any]:

@@ -448,6 +448,7 @@ class BootstrapDataPlane(DataPlaneClient):
         self._storage_units = storage_units
         self._conf = conf  # TQ's merged config as stored in its controller; the token nonce goes into it
         self._units = [ray.get_actor(_UNIT_NAME.format(rank)) for rank in range(storage_units)]
+        self._controller = _controller()  # the one this client created; a restart would be another TQ
         self._token: DataPlaneToken | None = None
         self._poisoned: str | None = None
 
@@ -491,6 +492,9 @@ class BootstrapDataPlane(DataPlaneClient):
         final_conf = _run_with_timeout(lambda: tq.init(conf), init_timeout_s, "tq.init")
         self = cls(_mint=_MINT, storage_units=storage_units, conf=final_conf)
         self._client = tq.get_client()
+        # The first `__ray_call__` into each unit ships the function (~15 ms here): pay it now, with the
+        # start-up, rather than in the restore's pristine check.
+        self.state()
         log.info("TransferQueue started: %d storage units, capacity %s", storage_units, capacity)
         return self
 
@@ -508,12 +512,18 @@ class BootstrapDataPlane(DataPlaneClient):
             )
 
     def state(self) -> DataPlaneState:
-        """TransferQueue's global state, whoever wrote it (metadata only; a few Ray calls in parallel)."""
-        controller = _controller()
+        """TransferQueue's global state, whoever wrote it (metadata only; Ray calls in parallel).
+
+        One round of calls when TransferQueue is pristine (the restore path): the units' key
+        counts and the controller's partitions at once; a second for the partitions' details.
+        """
+        controller = self._controller
         names = [_UNIT_NAME.format(rank) for rank in range(self._storage_units)]
-        units: list[Any] = ray.get([u.__ray_call__.remote(_active_key_count) for u in self._units])
-        pids = sorted(ray.get(controller.list_partitions.remote()))
-        snaps = ray.get([controller.get_partition_snapshot.remote(pid) for pid in pids])
+        *units, listed = ray.get(
+            [*(u.__ray_call__.remote(_active_key_count) for u in self._units), controller.list_partitions.remote()]
+        )
+        pids = sorted(listed)
+        snaps = ray.get([controller.get_partition_snapshot.remote(pid) for pid in pids]) if pids else []
         partitions = {pid: _partition_state(pid, snap) for pid, snap in zip(pids, snaps, strict=True) if snap}
         return DataPlaneState(partitions=partitions, storage_keys=dict(zip(names, map(int, units), strict=True)))
 

@@ -14,8 +14,8 @@ each field's rows as their own raw bytes, handed to `os.writev` straight from th
 rows' memory (no compaction copy, no pickle copy), hashed with SHA-256 from that
 same memory while the kernel copies it. The unit leaves `{size, sha256}` beside
 the file (`DIGEST_SUFFIX`) for the data-plane client, so the bundle never reads
-the file back to hash it. `load_checkpoint` reads the data section into one
-preallocated buffer and hands out each row as a view into it; a file in the old
+the file back to hash it. `load_checkpoint` maps the file copy-on-write and
+hands out each row as a view into the mapping (`column_file.read`); a file in the old
 pickle format (format 1) is refused, naming the file. Rows that are not dense
 CPU tensors (strings, nested tensors, `None`) are pickled in one trailing blob.
 

@@ -106,11 +106,87 @@ def test_an_existing_file_is_never_overwritten(tmp_path: Path) -> None:
     assert (tmp_path / "su").read_bytes() == b"keep"
 
 
-def test_a_large_column_is_read_into_one_buffer_that_outlives_the_file(tmp_path: Path) -> None:
-    rows = put_rows(640, 1024, torch.int64, 0)  # 5 MiB: read into huge-page memory where the kernel allows
+def test_loaded_rows_outlive_the_unlinked_file(tmp_path: Path) -> None:
+    rows = put_rows(640, 1024, torch.int64, 0)  # 5 MiB, mapped from the file
     state = column_file.UnitState("u", 7, {"tokens": rows}, set(rows))
     column_file.write(tmp_path / "su", state).result()
     loaded = column_file.read(tmp_path / "su")
     (tmp_path / "su").unlink()
     assert loaded.storage_unit_size == 7
     assert_same_rows(state.field_data, loaded.field_data)
+
+
+def test_writing_a_loaded_row_in_place_never_changes_the_file(tmp_path: Path) -> None:
+    state = unit_state()
+    column_file.write(tmp_path / "su", state).result()
+    before = (tmp_path / "su").read_bytes()
+    loaded = column_file.read(tmp_path / "su")
+    loaded.field_data["tokens"][0].fill_(-1)
+    assert (tmp_path / "su").read_bytes() == before
+    assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
+
+
+def test_a_unit_with_no_rows_round_trips(tmp_path: Path) -> None:
+    state = column_file.UnitState("u", None, {}, set())
+    column_file.write(tmp_path / "su", state).result()
+    loaded = column_file.read(tmp_path / "su")
+    assert (loaded.field_data, loaded.active_keys) == ({}, set())
+
+
+def big_state(rows: int = 1200) -> column_file.UnitState:
+    """About 9.4 MiB over three staging buffers, ending in a tail that is not a multiple of 4096 bytes."""
+    tokens = put_rows(rows, 1024, torch.int64, 0)
+    reward = {gi: torch.tensor(float(gi)) for gi in tokens}
+    return column_file.UnitState("u", None, {"tokens": tokens, "reward": reward}, set(tokens))
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_a_file_of_several_staging_buffers_round_trips_with_the_sha256_of_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    if not direct:
+        monkeypatch.delattr(column_file.os, "O_DIRECT", raising=False)  # as on a platform without it
+    state = big_state()
+    written = column_file.write(tmp_path / "su", state).result()
+    raw = (tmp_path / "su").read_bytes()
+    assert len(raw) == written.size and written.size % 4096 != 0
+    assert written.sha256 == hashlib.sha256(raw).hexdigest()
+    assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
+
+
+def test_a_filesystem_without_o_direct_gets_the_same_bytes(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no tmpfs at /dev/shm")
+    path = shm / f"trainingrun-test-{tmp_path.name}"
+    try:
+        state = big_state(300)
+        written = column_file.write(path, state).result()  # tmpfs refuses O_DIRECT: buffered
+        assert written.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_the_file_never_grows_past_its_final_size_while_it_is_written(tmp_path: Path) -> None:
+    pending = column_file.write(tmp_path / "su", big_state())
+    sizes = set()
+    while pending._thread.is_alive():  # the snapshot lists the size as soon as write() returns
+        sizes.add((tmp_path / "su").stat().st_size)
+    written = pending.result()
+    assert sizes <= {written.size} and (tmp_path / "su").stat().st_size == written.size
+
+
+def test_a_failed_write_is_raised_by_result_and_frees_the_staging_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk cannot be made here: `os.pwrite` is replaced by one that fails as a full disk does."""
+    import errno
+
+    def full(fd: int, data: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(column_file.os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        column_file.write(tmp_path / "su", big_state()).result(timeout=30)
+    monkeypatch.undo()
+    assert column_file.write(tmp_path / "again", big_state()).result(timeout=30).size > 0
