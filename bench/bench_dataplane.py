@@ -18,6 +18,9 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
 - the barrier: a full `DataPlaneCheckpointer` snapshot while rollouts keep committing groups; its
          exclusive window (index + inventory check + TQ write) against the durable snapshot
          (TQ write + commit: digests, fsync, manifest);
+- the SHA-256 floor: hashing the same bytes from memory in one thread per storage unit, with nothing
+         read or written (`sha256_in_memory_s`); raw cold read / that floor is the most a restore that
+         verifies every checksum could reach on this machine (`load_ceiling_sha256_vs_disk`);
 - the storage fix: snapshot size and time of rows put 256 at a time, stock 0.1.11 units vs the fix
          (`--stock-mib`, one storage unit; stock writes about 256x the raw bytes).
 
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import hashlib
 import json
 import os
 import shutil
@@ -145,6 +149,17 @@ def raw_read_fresh(path: Path, size: int) -> float:
     started = time.perf_counter()
     buf = torch.empty(size, dtype=torch.uint8)
     _read_into(path, buf.numpy().data, size)
+    return time.perf_counter() - started
+
+
+def sha256_in_memory(payload: bytes) -> float:
+    """SHA-256 of the payload split in UNITS parts, one thread each, from memory: no disk, no copy. Both the save
+    (the units hash what they write) and the restore (every checksum verified) pay at least this; seconds."""
+    part = -(-len(payload) // UNITS)
+    view = memoryview(payload)
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(UNITS) as pool:
+        list(pool.map(lambda at: hashlib.sha256(view[at : at + part]).digest(), range(0, len(payload), part)))
     return time.perf_counter() - started
 
 
@@ -256,6 +271,7 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
     saver = DataPlaneCheckpointer(root, "bench", dataplane=client, buffer=buffer, barrier=buffer.barrier)
     saves, raw_writes, ckpt_saves = [], [], []
     for i in range(repeats):
+        PARTS.setdefault("sha256_in_memory_s", []).append(sha256_in_memory(payload))
         os.sync()
         raw_writes.append(raw_write(raw_file, payload))
         os.sync()
@@ -312,6 +328,8 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
         **{key: med(values) for key, values in sorted(PARTS.items())},
         "save_vs_disk": med(raw_writes) / med(saves),
         "load_vs_disk": med(raw_reads) / med(loads),
+        # The most a restore that verifies SHA-256 could reach here if reading, mapping and loading were free.
+        "load_ceiling_sha256_vs_disk": med(raw_reads) / med(PARTS["sha256_in_memory_s"]),
         "checkpoint_save_s": med(ckpt_saves),
         "checkpoint_restore_s": med(ckpt_loads),
         "checkpoint_save_vs_disk": med(raw_writes) / med(ckpt_saves),

@@ -220,14 +220,14 @@ class PendingSnapshot:
             return dict(self._digests)
         found: dict[str, str] = {}
         deadline = time.monotonic() + timeout_s
-        pause = 0.001
+        pause = 0.0005
         for rel in self.unit_files:
             side = self.path / f"{rel}{tq_storage_fix.DIGEST_SUFFIX}"
             while not side.exists():
                 if time.monotonic() > deadline:
                     raise DataPlaneError(f"{self.path / rel}: its storage unit reported no digest within {timeout_s:g} s")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.005)
+                time.sleep(pause)  # a stat every half millisecond: a small snapshot is done in tens of them
+                pause = min(pause * 2, 0.001)
             entry = json.loads(side.read_text())
             side.unlink()
             if "error" in entry:
