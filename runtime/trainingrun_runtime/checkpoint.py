@@ -21,8 +21,8 @@ discarded and no `step_N` appears), and TransferQueue's own snapshot into
 
     {"format": 1, "run": str, "step": int, "replay": <the buffer's state dict>, "restart": <capture()>}
 
-`commit` waits for the storage units' digests of their files (hashed from memory
-after the window, `dataplane.PendingSnapshot.digests`), hands them to the bundle
+`commit` waits for the storage units' digests of their files (written and hashed
+in the units after the window, `dataplane.PendingSnapshot.digests`), hands them to the bundle
 (`add_hashed`), then `bundle.PendingBundle.commit`: every file fsynced, every
 other file hashed, the
 manifest (`replay_digest` = the index digest, `replay_mode` = "authoritative")
@@ -197,7 +197,7 @@ class PendingCheckpoint:
         if self.snap is None:
             self.abort()
             raise RuntimeError(f"{self.path}: commit() before snapshot(); the pending save was discarded")
-        # The storage units hashed their files from memory (after the window): commit won't re-read them.
+        # The storage units hashed their files as they wrote them (after the window): commit won't re-read them.
         written = self._written
         assert written is not None
         try:

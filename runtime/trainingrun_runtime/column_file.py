@@ -35,6 +35,7 @@ import json
 import mmap
 import os
 import pickle
+import queue
 import struct
 import threading
 import time
@@ -301,8 +302,6 @@ _POOL = _StagingPool()
 
 def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: Any) -> float:
     """Copy `chunks` through staging buffers, hash each, write each at its offset; seconds spent hashing."""
-    import queue
-
     direct = _DirectFile(path, fd)
     todo: queue.Queue[tuple[mmap.mmap, int, int] | None] = queue.Queue(maxsize=_STAGE_DEPTH - 1)
     failed: list[BaseException] = []
@@ -356,11 +355,12 @@ def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], 
     finally:
         todo.put(None)
         thread.join()
+        direct.close()
     if failed:
         raise failed[0]
     if offset != size:
         raise OSError(f"{path}: wrote {offset} bytes, planned {size}")
-    direct.finish()
+    _start_writeback(fd)  # the buffered tail, if any (or every byte, without O_DIRECT)
     return hashing
 
 
@@ -399,11 +399,10 @@ class _DirectFile:
                 done = os.pwrite(fd, view, offset)
                 view, offset = view[done:], offset + done
 
-    def finish(self) -> None:
+    def close(self) -> None:
         if self._direct >= 0:
             os.close(self._direct)
             self._direct = -1
-        _start_writeback(self._fd)  # the buffered tail, if any (or every byte, without O_DIRECT)
 
 
 def _start_writeback(fd: int) -> None:

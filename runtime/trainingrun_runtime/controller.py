@@ -18,7 +18,7 @@
       ┌ barrier.checkpoint() ── exclusive: lanes queue at reserve/commit ──────────────────────────┐
       │ replay index + _capture(): loader place, sampler cursor, ledger (in-flight uids)            │
       │ list_sample_ids() == index?  else InventoryMismatch (save abandoned, run continues)          │
-      │ snapshot() → data_plane/ (the storage units hash their files after the window)               │
+      │ snapshot() → data_plane/ (the storage units write and hash their files after the window)     │
       └──────────────────────────────────────────────────────────────────────────────────────────────┘
       replay_buffer_metadata.pt (index + captured reads), train_dataloader.pt ← the values read in the cut
       ── the train pump goes on from here; the rest runs as task checkpoint-commit-N, overlapping training ──

@@ -36,10 +36,11 @@ restarted). Snapshots use TQ's own layout and its client's controller and
 storage checkpoint calls, run concurrently (`tq.save_checkpoint` and
 `tq.load_checkpoint` run them one after the other). The SimpleStorage
 checkpoint blow-up is fixed in `tq_storage_fix`, whose storage units write
-their files in `column_file` format 2 straight from row memory and hash that
-memory after the write: `snapshot` returns once the files are written (inside
-the barrier's window), `PendingSnapshot.digests` collects the units' SHA-256s
-afterwards, so the bundle never reads those files back to hash them. The
+their files in `column_file` format 2: `snapshot` returns once the units have
+planned their files and created them at their final sizes (inside the barrier's
+window); the units then write and hash the rows in the background, and
+`PendingSnapshot.digests` waits for their SHA-256s, so the bundle never reads
+those files back to hash them. The
 snapshot's sidecar (`SIDECAR`, format 2) lists every file with its size; a
 snapshot of format 1 (pickled storage units) is refused, naming the sidecar.
 
@@ -201,7 +202,7 @@ def _unpickle_token(nonce: str, decision: str, source: str | None) -> DataPlaneT
 
 
 class PendingSnapshot:
-    """A snapshot whose files are written; the storage units are still hashing theirs from memory."""
+    """A snapshot whose files exist at their final sizes; the storage units are still writing and hashing theirs."""
 
     def __init__(self, path: Path, sizes: Mapping[str, int], unit_files: Sequence[str]) -> None:
         self.path = path
@@ -364,12 +365,12 @@ class DataPlaneClient:
         return dict(pending.sizes)
 
     def snapshot(self, directory: str | os.PathLike[str], metadata: Mapping[str, Any]) -> PendingSnapshot:
-        """Snapshot TransferQueue into `directory` (must not exist); returns once every file is written.
+        """Snapshot TransferQueue into `directory` (must not exist); returns once every file exists at its size.
 
         `metadata` (JSON values) is stored with the snapshot and returned by `load_checkpoint`.
         Callers hold the barrier's exclusive window so no mutation runs meanwhile. The storage
-        units go on hashing their files from memory after this returns (`PendingSnapshot.digests`
-        waits for them), so the window does not include the hashing. Files are not fsynced here:
+        units go on writing and hashing their rows after this returns (`PendingSnapshot.digests`
+        waits for them), so the window includes neither. Files are not fsynced here:
         the bundle commit fsyncs every file after the window closes.
         """
         self._begin("save_checkpoint")

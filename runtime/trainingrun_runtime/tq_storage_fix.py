@@ -10,9 +10,10 @@ put 256 at a time became 4.9 GB and took 27 s).
 The fix, in one place: storage units started through `install()` keep a
 `CompactStorageUnitData`, whose `save_checkpoint` writes a `column_file` (format 2):
 a JSON header describing every row (global index, dtype, shape, offset) and then
-each field's rows as their own raw bytes, handed to `os.writev` straight from the
-rows' memory (no compaction copy, no pickle copy), hashed with SHA-256 from that
-same memory while the kernel copies it. The unit leaves `{size, sha256}` beside
+each field's rows as their own raw bytes (no compaction copy, no pickle copy).
+Inside the barrier's window the unit only plans the file and creates it; a
+background thread copies the rows through reused staging buffers, hashes them
+there (SHA-256) and writes them with O_DIRECT. The unit leaves `{size, sha256}` beside
 the file (`DIGEST_SUFFIX`) for the data-plane client, so the bundle never reads
 the file back to hash it. `load_checkpoint` maps the file copy-on-write and
 hands out each row as a view into the mapping (`column_file.read`); a file in the old
@@ -94,8 +95,8 @@ def check_version() -> None:
 DIGEST_SUFFIX: Final = ".digest"
 """`<unit file><DIGEST_SUFFIX>`: JSON {size, sha256} (or {error}) of a unit file, computed by the unit from memory.
 
-TransferQueue's save reply carries no payload, and the digest is finished after the reply (it
-overlaps the disk's writeback), so the unit publishes it beside the file (written to a temporary
+TransferQueue's save reply carries no payload, and the bytes are written and hashed after the reply
+(after the barrier's window), so the unit publishes the digest beside the file (written to a temporary
 name, then renamed); `dataplane.PendingSnapshot.digests` waits for, reads and deletes these files."""
 
 
@@ -106,7 +107,7 @@ class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[mi
     """Seconds per phase of this unit's last snapshot write or load (profiling, read through Ray)."""
 
     def save_checkpoint(self, path: str | Path, storage_unit_id: str) -> None:
-        """Write the unit's rows straight from memory (not fsynced); the digest is published when done."""
+        """Plan and create the unit's file; its bytes and digest follow in the background (not fsynced)."""
         state = column_file.UnitState(storage_unit_id, self.storage_size, self.field_data, self._active_keys)
         pending = column_file.write(path, state)
         self.last_timings = pending.timings
