@@ -37,6 +37,7 @@ When step_N exists, old_step_N is a leftover and is ignored and cleaned.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -45,7 +46,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
@@ -279,18 +281,50 @@ def _fsync_file(path: Path) -> None:
 
 
 def hash_file(path: str | os.PathLike[str]) -> FileEntry:
-    """Size and SHA-256 of a file, read in 8 MiB chunks into one reused buffer."""
+    """Size and SHA-256 of a file, read in chunks of up to 8 MiB into a reused buffer."""
     h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
     size = 0
     with open(path, "rb", buffering=0) as f:
+        want = os.fstat(f.fileno()).st_size
+        if want < CHUNK:  # a small file: a buffer of its size (+1 to see it grow), not a fresh 8 MiB
+            buf = bytearray(want + 1)
+            while n := f.readinto(buf):
+                h.update(memoryview(buf)[:n])
+                size += n
+            return FileEntry(size=size, sha256=h.hexdigest())
         # Ask for the whole file now: the kernel reads ahead while this thread hashes the chunk it has.
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
+        with _CHUNKS.lend() as buf:
+            view = memoryview(buf)
+            while n := f.readinto(buf):
+                h.update(view[:n])
+                size += n
+            view.release()
     return FileEntry(size=size, sha256=h.hexdigest())
+
+
+class _ChunkBuffers:
+    """CHUNK-sized read buffers kept for the life of the process: a fresh 8 MiB per file hashed cost more than
+    hashing a small file (new memory is faulted in page by page, and on some VMs each page from the host)."""
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[bytearray]:
+        with self._lock:
+            buf = self._free.pop() if self._free else None
+        if buf is None:
+            buf = bytearray(CHUNK)
+        try:
+            yield buf
+        finally:
+            with self._lock:
+                self._free.append(buf)
+
+
+_CHUNKS = _ChunkBuffers()
 
 
 def _walk(top: Path) -> tuple[list[str], list[Path], list[str]]:
