@@ -424,3 +424,14 @@ def test_hash_file_reads_large_files_in_chunks(tmp_path: Path) -> None:
     p = tmp_path / "big"
     p.write_bytes(data)
     assert bundle.hash_file(p) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, bundle.CHUNK - 1, bundle.CHUNK])
+def test_hash_file_gives_size_and_sha256_of_small_and_boundary_sized_files(tmp_path: Path, size: int) -> None:
+    import hashlib
+
+    data = os.urandom(size)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    assert bundle.hash_file(p) == {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
+    assert bundle.hash_file(p) == bundle.hash_file(p)  # a reused buffer carries nothing over
