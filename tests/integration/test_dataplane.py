@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -345,6 +346,21 @@ def test_a_failed_load_leaves_the_client_dirty(planes: Planes) -> None:
     assert boot.state().pristine  # refused before TransferQueue's loader saw anything
     with pytest.raises(RestoreRefused, match="already used \\(load_checkpoint\\)"):
         boot.load_checkpoint(good)
+
+
+def test_restored_rows_outlive_their_deleted_snapshot_and_take_overwrites(planes: Planes, tmp_path: Path) -> None:
+    good, _ = planes.snapshots()
+    copy = tmp_path / "restored"
+    shutil.copytree(good, copy)
+    boot = planes.pristine()
+    token, _ = boot.load_checkpoint(copy)
+    client = ConnectOnlyDataPlane.connect(token)
+    ids = [sid for g in groups_of("d", 2, 2) for sid in g.sample_ids]
+    shutil.rmtree(copy)  # as retention does: the storage units' mappings keep the rows readable
+    assert torch.equal(torch.stack(list(client.read_rows("dirty", ids, ["x"])["x"])), torch.ones(4, 8))
+    client.update_fields("dirty", ids, {"x": torch.full((4, 8), 2.0)})  # the advantage stage's overwrite
+    assert torch.equal(torch.stack(list(client.read_rows("dirty", ids, ["x"])["x"])), torch.full((4, 8), 2.0))
+    client.close()
 
 
 def test_start_fails_fast_when_ray_lacks_cpu_slots(planes: Planes) -> None:
