@@ -46,12 +46,12 @@ import logging
 import os
 import re
 import shutil
-import threading
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
 
+from trainingrun_runtime.buffer_pool import BufferPool
 from trainingrun_runtime.digest import canonical_json
 from trainingrun_runtime.errors import CheckpointCorrupt
 
@@ -286,45 +286,20 @@ def hash_file(path: str | os.PathLike[str]) -> FileEntry:
     size = 0
     with open(path, "rb", buffering=0) as f:
         want = os.fstat(f.fileno()).st_size
-        if want < CHUNK:  # a small file: a buffer of its size (+1 to see it grow), not a fresh 8 MiB
-            buf = bytearray(want + 1)
-            while n := f.readinto(buf):
-                h.update(memoryview(buf)[:n])
-                size += n
-            return FileEntry(size=size, sha256=h.hexdigest())
-        # Ask for the whole file now: the kernel reads ahead while this thread hashes the chunk it has.
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        with _CHUNKS.lend() as buf:
-            view = memoryview(buf)
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                size += n
-            view.release()
+        if want >= CHUNK:
+            # Ask for the whole file now: the kernel reads ahead while this thread hashes the chunk it has.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        # A small file gets a buffer of its size (+1 to see it grow), not a fresh 8 MiB.
+        with _CHUNKS.lend() if want >= CHUNK else contextlib.nullcontext(bytearray(want + 1)) as buf:
+            with memoryview(buf) as view:
+                while n := f.readinto(buf):
+                    h.update(view[:n])
+                    size += n
     return FileEntry(size=size, sha256=h.hexdigest())
 
 
-class _ChunkBuffers:
-    """CHUNK-sized read buffers kept for the life of the process: a fresh 8 MiB per file hashed cost more than
-    hashing a small file (new memory is faulted in page by page, and on some VMs each page from the host)."""
-
-    def __init__(self) -> None:
-        self._free: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[bytearray]:
-        with self._lock:
-            buf = self._free.pop() if self._free else None
-        if buf is None:
-            buf = bytearray(CHUNK)
-        try:
-            yield buf
-        finally:
-            with self._lock:
-                self._free.append(buf)
-
-
-_CHUNKS = _ChunkBuffers()
+_CHUNKS: BufferPool[bytearray] = BufferPool(lambda: bytearray(CHUNK))
+"""Read buffers for large files, kept for the life of the process (see `buffer_pool`)."""
 
 
 def _walk(top: Path) -> tuple[list[str], list[Path], list[str]]:

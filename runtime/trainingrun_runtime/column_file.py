@@ -45,6 +45,7 @@ from typing import Any, Final
 
 import torch
 
+from trainingrun_runtime.buffer_pool import BufferPool
 from trainingrun_runtime.errors import CheckpointCorrupt
 
 __all__ = ["FORMAT", "MAGIC", "UnitState", "PendingWrite", "Written", "write", "read", "is_dense_cpu"]
@@ -278,26 +279,11 @@ _STAGE_DEPTH: Final = 3
 _DIRECT_ALIGN: Final = 4096
 
 
-class _StagingPool:
-    """Page-aligned staging buffers kept for the life of the process, so a snapshot writes from memory that is
-    already mapped (freshly faulted memory costs as much as the disk on some hosts)."""
-
-    def __init__(self) -> None:
-        self._free: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> mmap.mmap:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return mmap.mmap(-1, _STAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-
-    def give(self, buf: mmap.mmap) -> None:
-        with self._lock:
-            self._free.append(buf)
-
-
-_POOL = _StagingPool()
+_POOL: BufferPool[mmap.mmap] = BufferPool(
+    lambda: mmap.mmap(-1, _STAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+)
+"""Page-aligned staging buffers, kept for the life of the process so a snapshot writes from memory that is
+already mapped (see `buffer_pool`)."""
 
 
 def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: Any) -> float:
@@ -321,6 +307,17 @@ def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], 
     thread.start()
     hashing = 0.0
     offset = 0
+
+    def ship(buf: mmap.mmap, view: memoryview, filled: int) -> None:
+        """Hash a filled staging buffer and queue it for the writer."""
+        nonlocal hashing, offset
+        at = time.perf_counter()
+        digest.update(view[:filled])
+        hashing += time.perf_counter() - at
+        view.release()
+        todo.put((buf, filled, offset))
+        offset += filled
+
     try:
         buf, filled = _POOL.take(), 0
         view = memoryview(buf)
@@ -332,23 +329,13 @@ def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], 
                 filled += take
                 piece = piece[take:]
                 if filled == _STAGE_BYTES:
-                    at = time.perf_counter()
-                    digest.update(view)
-                    hashing += time.perf_counter() - at
-                    view.release()
-                    todo.put((buf, filled, offset))
-                    offset += filled
+                    ship(buf, view, filled)
                     if failed:
                         raise failed[0]
                     buf, filled = _POOL.take(), 0
                     view = memoryview(buf)
         if filled:
-            at = time.perf_counter()
-            digest.update(view[:filled])
-            hashing += time.perf_counter() - at
-            view.release()
-            todo.put((buf, filled, offset))
-            offset += filled
+            ship(buf, view, filled)
         else:
             view.release()
             _POOL.give(buf)
@@ -375,7 +362,7 @@ class _DirectFile:
             try:
                 self._direct = os.open(path, os.O_WRONLY | o_direct)
             except OSError:
-                self._direct = -1  # tmpfs and some network filesystems: buffered writes
+                self._direct = -1  # refused (older tmpfs, some network filesystems): buffered writes
 
     def write(self, buf: mmap.mmap, n: int, offset: int) -> None:
         direct = n - n % _DIRECT_ALIGN if self._direct >= 0 else 0
