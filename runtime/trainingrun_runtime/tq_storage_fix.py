@@ -16,7 +16,8 @@ background thread copies the rows through reused staging buffers, hashes them
 there (SHA-256) and writes them with O_DIRECT. The unit leaves `{size, sha256}` beside
 the file (`DIGEST_SUFFIX`) for the data-plane client, so the bundle never reads
 the file back to hash it. `load_checkpoint` maps the file copy-on-write and
-hands out each row as a view into the mapping (`column_file.read`); a file in the old
+hands out each row as a view into the mapping, made when the row is first read
+(`column_file.read`, `column_file.RestoredRows`); a file in the old
 pickle format (format 1) is refused, naming the file. Rows that are not dense
 CPU tensors (strings, nested tensors, `None`) are pickled in one trailing blob.
 

@@ -196,3 +196,64 @@ def test_a_failed_write_is_raised_by_result_and_frees_the_staging_buffers(
         column_file.write(tmp_path / "su", big_state()).result(timeout=30)
     monkeypatch.undo()
     assert column_file.write(tmp_path / "again", big_state()).result(timeout=30).size > 0
+
+
+def test_a_restored_field_makes_a_rows_view_only_when_the_row_is_read(tmp_path: Path) -> None:
+    column_file.write(tmp_path / "su", unit_state()).result()
+    tokens = column_file.read(tmp_path / "su").field_data["tokens"]
+    assert isinstance(tokens, column_file.RestoredRows)
+    assert {row for _, row in tokens.raw_items()} == {column_file.UNREAD}
+    first = tokens[10]
+    assert first is tokens[10]  # made once, then kept, as a dict keeps its values
+    assert [gi for gi, row in tokens.raw_items() if row is not column_file.UNREAD] == [10]
+    assert first.untyped_storage().data_ptr() == tokens.column.untyped_storage().data_ptr()
+
+
+def test_restored_rows_take_puts_overwrites_and_clears_as_a_dict_does(tmp_path: Path) -> None:
+    """TransferQueue's StorageUnitData reads `[gi]`, puts and overwrites with `[gi] = row`, clears with
+    `pop(gi, None)`; the restored field must answer every one of them as the dict it replaces."""
+    state = unit_state()
+    column_file.write(tmp_path / "su", state).result()
+    restored = column_file.read(tmp_path / "su").field_data["tokens"]
+    plain = dict(state.field_data["tokens"])
+    new_row = torch.full((16,), 7, dtype=torch.int64)
+    for rows in (restored, plain):
+        rows[1] = new_row  # the advantage stage overwrites a stored row
+        rows[99] = new_row  # a later put adds one
+        assert rows.pop(2, None) is not None and rows.pop(2, None) is None  # cleared once, then gone
+        del rows[11]
+        with pytest.raises(KeyError):
+            rows[11]
+        with pytest.raises(KeyError):
+            rows.pop(11)
+    assert list(restored) == list(plain) and len(restored) == len(plain)
+    assert 99 in restored and 2 not in restored
+    assert all(torch.equal(restored[gi], plain[gi]) for gi in plain)
+    assert restored[1] is new_row
+
+
+def test_a_save_right_after_a_restore_writes_unread_rows_from_the_mapping(tmp_path: Path) -> None:
+    state = unit_state()
+    column_file.write(tmp_path / "a", state).result()
+    restored = column_file.read(tmp_path / "a")
+    tokens = restored.field_data["tokens"]
+    assert isinstance(tokens, column_file.RestoredRows)
+    tokens[3] = torch.full((16,), -3, dtype=torch.int64)  # overwritten; the other rows are never read
+    tokens.pop(12)
+    expected = {name: dict(rows.items()) for name, rows in state.field_data.items()}
+    expected["tokens"][3] = tokens[3]
+    del expected["tokens"][12]
+    column_file.write(tmp_path / "b", restored).result()
+    assert [gi for gi, row in tokens.raw_items() if row is column_file.UNREAD] == [0, 1, 2, 10, 11]  # no views made
+    assert_same_rows(expected, column_file.read(tmp_path / "b").field_data)
+
+
+def test_a_header_listing_a_row_twice_is_refused_naming_the_file_and_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "su"
+    column_file.write(path, unit_state()).result()
+    raw = path.read_bytes()
+    listed = b'"name":"tokens","indexes":[0,1,2,3,10,11,12]'
+    assert raw.count(listed) == 1
+    path.write_bytes(raw.replace(listed, listed.replace(b"10,11", b"11,11")))  # same length, same layout
+    with pytest.raises(CheckpointCorrupt, match=rf"{path}: field 'tokens' lists a row twice"):
+        column_file.read(path)
