@@ -381,7 +381,7 @@ class DataPlaneClient:
         path.mkdir()
         try:
             # What tq.save_checkpoint does, with the controller and the storage units writing concurrently.
-            _both(
+            _concurrently(
                 lambda: self._client.save_controller_checkpoint(str(path / _CONTROLLER_FILE)),
                 lambda: self._client.save_storage_checkpoint(str(path)),
             )
@@ -551,16 +551,22 @@ class BootstrapDataPlane(DataPlaneClient):
             raise RestoreRefused(f"restore from {path} refused: TransferQueue is not pristine: {state.describe()}")
         check_data_plane_dir(path, storage_units=self._storage_units)
         try:
-            # What tq.load_checkpoint does, with the storage units and the controller loading concurrently.
-            _both(
+            user = dict(json.loads((path / _METADATA_FILE).read_text())["user_metadata"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointCorrupt(f"{path / _METADATA_FILE}: unreadable ({type(e).__name__}: {e})") from None
+        token = DataPlaneToken(secrets.token_hex(16), "restored", str(path), _mint=_MINT)
+        try:
+            # What tq.load_checkpoint does, with the storage units and the controller loading concurrently; the
+            # token's nonce is stored meanwhile (nobody can connect with it before this returns the token).
+            _concurrently(
                 lambda: self._client.load_storage_checkpoint(str(path)),
                 lambda: self._client.load_controller_checkpoint(str(path / _CONTROLLER_FILE)),
+                lambda: self._store_nonce(token),
             )
         except Exception as e:
             self._poisoned = f"a restore from {path} failed half-way; TransferQueue is in an unknown state"
             raise DataPlaneError(f"{self._poisoned}: {e}") from e
-        user = json.loads((path / _METADATA_FILE).read_text())["user_metadata"]
-        return Restored(self._issue("restored", str(path)), dict(user))
+        return Restored(self._ready(token), user)
 
     def close(self) -> None:
         """Shut TransferQueue down (controller and storage units) and wait until it is gone."""
@@ -588,8 +594,15 @@ class BootstrapDataPlane(DataPlaneClient):
 
     def _issue(self, decision: str, source: str | None) -> DataPlaneToken:
         token = DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
-        self._conf[_TOKEN_KEY] = token.nonce
-        ray.get(_controller().store_config.remote(self._conf))
+        self._store_nonce(token)
+        return self._ready(token)
+
+    def _store_nonce(self, token: DataPlaneToken) -> None:
+        """Write the token's nonce into the controller's config, where `ConnectOnlyDataPlane.connect` checks it."""
+        self._conf[_TOKEN_KEY] = token.nonce  # TQ's merged config (an OmegaConf object, not a dict)
+        ray.get(self._controller.store_config.remote(self._conf))
+
+    def _ready(self, token: DataPlaneToken) -> DataPlaneToken:
         self._token = token
         log.info("data plane ready: %s", token)
         return token
@@ -750,10 +763,11 @@ def _run_with_timeout(fn: Any, timeout_s: float, what: str) -> Any:
     return result[0]
 
 
-def _both(first: Callable[[], object], second: Callable[[], object]) -> None:
-    """Run two blocking TQ calls at once (each waits on a different actor); raise the first failure."""
-    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="trainingrun-tq") as pool:
-        futures = [pool.submit(first), pool.submit(second)]
+def _concurrently(*calls: Callable[[], object]) -> None:
+    """Run blocking TQ calls at once (each waits on a different actor, or the same one for a different thing);
+    raise the first failure, after all have ended."""
+    with concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="trainingrun-tq") as pool:
+        futures = [pool.submit(call) for call in calls]
         for future in futures:
             future.result()
 
