@@ -337,11 +337,19 @@ def test_a_token_from_another_transferqueue_is_refused(planes: Planes) -> None:
         ConnectOnlyDataPlane.connect(stale)
 
 
-def test_a_failed_load_leaves_the_client_dirty(planes: Planes) -> None:
+@pytest.mark.parametrize("damage", ["truncated-unit-file", "metadata-without-user-metadata"])
+def test_a_failed_load_leaves_the_client_dirty(planes: Planes, tmp_path: Path, damage: str) -> None:
     good, bad = planes.snapshots()
-    unit_file = next((bad / "simple_storage").glob("su_0_*.pkl"))
+    if damage == "truncated-unit-file":
+        damaged = next((bad / "simple_storage").glob("su_0_*.pkl"))
+        problem = "truncated"
+    else:
+        bad = shutil.copytree(good, tmp_path / "bad")
+        damaged = bad / "metadata.json"
+        damaged.write_text(damaged.read_text().replace('"user_metadata"', '"user_metadatX"'))  # same size
+        problem = "unreadable"
     boot = planes.pristine()
-    with pytest.raises(CheckpointCorrupt, match=f"{re.escape(str(unit_file))}: truncated"):
+    with pytest.raises(CheckpointCorrupt, match=f"{re.escape(str(damaged))}: {problem}"):
         boot.load_checkpoint(bad)
     assert boot.state().pristine  # refused before TransferQueue's loader saw anything
     with pytest.raises(RestoreRefused, match="already used \\(load_checkpoint\\)"):
