@@ -21,8 +21,9 @@ caller gets the file's digest without reading the file back (the bundle manifest
 not fsync: the bundle commit does, after `PendingWrite.result()`.
 
 `read` maps the file copy-on-write and hands out each row as a view into the mapping (no copy; see
-`read` for what that relies on), made when the row is first read (`RestoredRows`). A file that does not start with MAGIC (format 1, or not ours) is refused with a
-`CheckpointCorrupt` naming the file; nothing is unpickled before the magic and header check out.
+`read` for what that relies on), made when the row is first read (`RestoredRows`). A file that does
+not start with MAGIC (format 1, or not ours) is refused with a `CheckpointCorrupt` naming the file;
+nothing is unpickled before the magic and header check out.
 """
 
 from __future__ import annotations
@@ -518,6 +519,7 @@ def _rows(flat: torch.Tensor, column: Mapping[str, Any], where: str, positions: 
 
 UNREAD: Final = object()
 """What `RestoredRows.raw_items` gives for a row that was restored and has not been read since."""
+_ABSENT: Final = object()
 
 
 class RestoredRows(MutableMapping[int, Any]):
@@ -529,7 +531,9 @@ class RestoredRows(MutableMapping[int, Any]):
     reading a row twice gives the same tensor, as a plain dict would. Puts, overwrites and clears
     (`[gi] = row`, `pop`) make no view. Order, length and membership are a dict's: one entry per row,
     in the file's order, later puts after them. `column_file.write` writes rows never read straight
-    from the column (`raw_items`), so a save right after a restore makes no views either.
+    from the column (`raw_items`), so a save right after a restore makes no views either. Not locked,
+    like the dict it replaces: TransferQueue 0.1.11 serves a unit's gets, puts and clears (and its
+    checkpoint calls) on one worker thread.
     """
 
     __slots__ = ("_base", "_position", "_row_nbytes", "_rows", "column")
@@ -568,11 +572,11 @@ class RestoredRows(MutableMapping[int, Any]):
 
     def pop(self, gi: int, *default: Any) -> Any:
         """Remove `gi` and return its row (or `default`); a row never read gets its view made only here."""
-        if gi not in self._rows:
+        row = self._rows.pop(gi, _ABSENT)
+        if row is _ABSENT:
             if default:
                 return default[0]
             raise KeyError(gi)
-        row = self._rows.pop(gi)
         return self.column[self._position[gi]] if row is UNREAD else row
 
     def raw_items(self) -> Iterator[tuple[int, Any]]:
