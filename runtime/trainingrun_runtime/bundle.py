@@ -37,7 +37,6 @@ When step_N exists, old_step_N is a leftover and is ignored and cleaned.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -286,19 +285,15 @@ def hash_file(path: str | os.PathLike[str]) -> FileEntry:
     """Size and SHA-256 of a file, read in chunks of `CHUNK` bytes into a reused buffer."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as f:
-        want = os.fstat(f.fileno()).st_size
-        # A small file gets a buffer of its size (+1 to see it grow), not a fresh CHUNK.
-        with _CHUNKS.lend() if want >= CHUNK else contextlib.nullcontext(bytearray(want + 1)) as buf:
-            with memoryview(buf) as view:
-                while n := f.readinto(buf):
-                    h.update(view[:n])
-                    size += n
+    with open(path, "rb", buffering=0) as f, _CHUNKS.lend() as buf, memoryview(buf) as view:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
     return FileEntry(size=size, sha256=h.hexdigest())
 
 
 _CHUNKS: BufferPool[bytearray] = BufferPool(lambda: bytearray(CHUNK))
-"""Read buffers for large files, kept for the life of the process (see `buffer_pool`)."""
+"""Read buffers, one per hashing thread, kept for the life of the process (see `buffer_pool`)."""
 
 
 def _walk(top: Path) -> tuple[list[str], list[Path], list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -418,8 +419,6 @@ def test_a_checkpoint_copied_under_another_run_is_refused(tmp_path: Path) -> Non
 
 
 def test_hash_file_reads_large_files_in_chunks(tmp_path: Path) -> None:
-    import hashlib
-
     data = os.urandom(bundle.CHUNK * 2 + 12345)
     p = tmp_path / "big"
     p.write_bytes(data)
@@ -428,8 +427,6 @@ def test_hash_file_reads_large_files_in_chunks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 4096, bundle.CHUNK - 1, bundle.CHUNK])
 def test_hash_file_gives_size_and_sha256_of_small_and_boundary_sized_files(tmp_path: Path, size: int) -> None:
-    import hashlib
-
     data = os.urandom(size)
     p = tmp_path / "f"
     p.write_bytes(data)
