@@ -502,11 +502,12 @@ def _rows(flat: torch.Tensor, column: Mapping[str, Any], where: str, positions: 
     dtypes, shapes = column["dtype"], column["shape"]
     if isinstance(dtypes, str):
         key = tuple(indexes)
-        if key not in positions:
-            positions[key] = dict(zip(indexes, range(len(indexes))))
-            if len(positions[key]) != len(indexes):
+        position = positions.get(key)
+        if position is None:
+            position = positions[key] = dict(zip(indexes, range(len(indexes))))
+            if len(position) != len(indexes):
                 raise CheckpointCorrupt(f"{where}: field {column['name']!r} lists a row twice")
-        return RestoredRows(positions[key], data.view(_dtype(dtypes, where)).view(len(indexes), *shapes))
+        return RestoredRows(position, data.view(_dtype(dtypes, where)).view(len(indexes), *shapes))
     rows: dict[int, Any] = {}
     for gi, name, shape, at in zip(indexes, dtypes, shapes, column["row_offsets"], strict=True):
         dtype = _dtype(name, where)
