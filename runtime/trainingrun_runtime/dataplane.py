@@ -197,6 +197,11 @@ class DataPlaneToken:
         return f"DataPlaneToken(decision={self.decision!r}, source={self.source!r})"
 
 
+def _new_token(decision: str, source: str | None) -> DataPlaneToken:
+    """A token with a fresh secret nonce; valid once `BootstrapDataPlane._store_nonce` has stored the nonce."""
+    return DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
+
+
 def _unpickle_token(nonce: str, decision: str, source: str | None) -> DataPlaneToken:
     return DataPlaneToken(nonce, decision, source, _mint=_MINT)
 
@@ -554,7 +559,7 @@ class BootstrapDataPlane(DataPlaneClient):
             user = dict(json.loads((path / _METADATA_FILE).read_text())["user_metadata"])
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointCorrupt(f"{path / _METADATA_FILE}: unreadable ({type(e).__name__}: {e})") from None
-        token = DataPlaneToken(secrets.token_hex(16), "restored", str(path), _mint=_MINT)
+        token = _new_token("restored", str(path))
         try:
             # What tq.load_checkpoint does, with the storage units and the controller loading concurrently; the
             # token's nonce is stored meanwhile (nobody can connect with it before this returns the token).
@@ -593,7 +598,7 @@ class BootstrapDataPlane(DataPlaneClient):
             self._used_by = op
 
     def _issue(self, decision: str, source: str | None) -> DataPlaneToken:
-        token = DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
+        token = _new_token(decision, source)
         self._store_nonce(token)
         return self._ready(token)
 
