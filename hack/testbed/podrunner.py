@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import controlplane  # noqa: E402
 import kubeaccess  # noqa: E402
 import proxy  # noqa: E402
+from trainingrun_operator import processes  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -260,18 +261,7 @@ class LocalPod:
 
 def pod_processes(uid: str) -> list[int]:
     """Every process whose environment carries this pod's marker (the Ray processes a pod's `ray start` spawned)."""
-    needle = f"{POD_MARKER}={uid}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return processes.carrying(POD_MARKER, uid)
 
 
 def signal_pod(uid: str, leader: subprocess.Popen[bytes] | None, sig: int) -> int:

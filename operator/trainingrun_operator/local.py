@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from trainingrun_operator import decision, model, patching, validation
+from trainingrun_operator import decision, model, patching, processes, validation
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
 
@@ -83,25 +83,8 @@ def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
 
 
 def marked_processes(marker: str) -> list[int]:
-    """Pids whose environment has MARKER_ENV=marker: the driver and everything it started, Ray included.
-
-    Ray starts its GCS, raylet and workers in sessions of their own, so the driver's process group is not
-    enough to know that an attempt is gone; the environment is inherited by all of them. Linux (/proc) only;
-    elsewhere the list is empty and the process group alone is used.
-    """
-    wanted = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as env:
-                    if wanted in env.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    """Pids whose environment has MARKER_ENV=marker: the driver and everything it started, Ray included."""
+    return processes.carrying(MARKER_ENV, marker)
 
 
 @dataclasses.dataclass
