@@ -14,7 +14,7 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
          against a cold read of the same number of raw bytes (pages dropped with posix_fadvise);
 - checkpoint save/restore: the same with everything else the controller and the driver's setup do
          for the data plane (replay index capture and sidecar, inventory check, manifest, rename;
-         `checkpoint.select` with the sidecar's safe load and the index preflight), for context;
+         `checkpointer.select` with the sidecar's safe load and the index preflight), for context;
 - the barrier: a full `DataPlaneCheckpointer` snapshot while rollouts keep committing groups; its
          exclusive window (index + inventory check + TQ write) against the durable snapshot
          (TQ write + commit: digests, fsync, manifest);
@@ -65,11 +65,12 @@ from typing import Any
 import ray
 import torch
 
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime import bundle, checkpoint
-from trainingrun_runtime.checkpoint import DataPlaneCheckpointer
-from trainingrun_runtime.dataplane import BootstrapDataPlane, ConnectOnlyDataPlane
-from trainingrun_runtime.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane import checkpointer
+from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer
+from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane
+from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results.json"
@@ -327,7 +328,7 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
             started = time.perf_counter()
             if full:
                 # The driver's setup: select (checksums, replay sidecar, index preflight), then the load.
-                chosen = checkpoint.select(root, "bench", config=config, storage_units=UNITS, step=i + 1)
+                chosen = checkpointer.select(root, "bench", config=config, storage_units=UNITS, step=i + 1)
                 assert chosen is not None
                 token, _ = fresh.load_checkpoint(chosen.verified.data_plane)
                 ckpt_loads.append(time.perf_counter() - started)
@@ -388,20 +389,20 @@ def compare_stock(mib: int, workdir: Path) -> dict[str, float]:
     from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
     from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
-    from trainingrun_runtime import tq_storage_fix
+    from trainingrun_runtime.dataplane import storage_unit
 
     n_rows = max(PUT_ROWS, (mib << 20) // ROW_BYTES // PUT_ROWS * PUT_ROWS)
     raw_bytes = n_rows * ROW_BYTES
     out: dict[str, float] = {"rows": float(n_rows), "raw_mib": raw_bytes / 2**20}
     for label in ("stock", "fixed"):
-        install = tq_storage_fix.install
+        install = storage_unit.install
         if label == "stock":
-            tq_storage_fix.install = lambda: None
+            storage_unit.install = lambda: None
             simple_storage_bootstrap.SimpleStorageUnit = simple_storage.SimpleStorageUnit
         try:
             boot = BootstrapDataPlane.start(storage_units=1)
         finally:
-            tq_storage_fix.install = install
+            storage_unit.install = install
         client = ConnectOnlyDataPlane.connect(boot.start_fresh())
         for start in range(0, n_rows, PUT_ROWS):
             groups = [GroupRows(f"g{(start + i) // GROUP}", tuple(f"g{(start + i) // GROUP}:{m}" for m in range(GROUP)))

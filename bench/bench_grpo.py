@@ -28,7 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainingrun_runtime import events, launcher
+from support import launcher
+from trainingrun_runtime.driver import events
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
-"""`python -m trainingrun_runtime`: see `driver` for arguments and exit codes."""
+"""`python -m trainingrun_runtime`: see `driver.entrypoint` for arguments and exit codes."""
 
 import sys
 
-from trainingrun_runtime import driver
+from trainingrun_runtime.driver import entrypoint
 
-sys.exit(driver.main())
+sys.exit(entrypoint.main())

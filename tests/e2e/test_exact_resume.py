@@ -22,7 +22,10 @@ from typing import Any
 import pytest
 import torch
 
-from trainingrun_runtime import bundle, events, launcher, ledger
+from support import launcher
+from trainingrun_runtime.driver import events
+from trainingrun_runtime.rollout import ledger
+from trainingrun_runtime.storage import bundle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 

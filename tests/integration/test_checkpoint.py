@@ -33,12 +33,14 @@ import pytest
 import ray
 import torch
 
-from trainingrun_runtime import bundle, checkpoint, dataplane, digest
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.checkpoint import DataPlaneCheckpointer, SAVE_STAGES
-from trainingrun_runtime.dataplane import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneClient, DataPlaneToken
+from trainingrun_runtime import digest
+from trainingrun_runtime.dataplane import checkpointer, lifecycle
+from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer, SAVE_STAGES
+from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneClient, DataPlaneToken
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
-from trainingrun_runtime.replay_buffer import ReplayConfig, TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_buffer import ReplayConfig, TQReplayBuffer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -150,7 +152,7 @@ async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactl
     client.update_fields("train", list(buffer.index.get("g1").sample_ids), {"advantage": torch.linspace(-1, 1, 4)})
     client.update_fields("train", list(buffer.index.get("g4").sample_ids), {"advantage": torch.zeros(4)})
     await buffer.remove_group("g2")
-    consumed = dataplane.tq.get_client().get_meta(
+    consumed = lifecycle.tq.get_client().get_meta(
         data_fields=["tokens"], batch_size=4, partition_id="train", mode="fetch", task_name="actor_update"
     )
     assert consumed.size == 4
@@ -187,7 +189,7 @@ def child_restore(root: str, out: str) -> None:
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     boot = BootstrapDataPlane.start(storage_units=2)
     try:
-        restored = checkpoint.restore(root, RUN, boot, config=TRAIN)
+        restored = checkpointer.restore(root, RUN, boot, config=TRAIN)
         assert restored is not None
         client = ConnectOnlyDataPlane.connect(restored.token)
         buffer, _ = new_buffer(client, TRAIN)
@@ -224,7 +226,7 @@ async def test_an_inventory_mismatch_leaves_no_step(
     buffer, barrier = new_buffer(client, config)
     await add_groups(buffer, range(2))
     if drift == "row-not-indexed":
-        stray = [dataplane.GroupRows("stray", ("stray:0", "stray:1"))]
+        stray = [lifecycle.GroupRows("stray", ("stray:0", "stray:1"))]
         client.put_groups(config.partition, stray, group_fields(9, 2))
         match = r"2 stored but not indexed \['stray:0', 'stray:1'\], 0 indexed but not stored \[\]"
     else:
@@ -326,13 +328,13 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_selection_falls_bac
     run_dir = tmp_path / RUN
     damage(run_dir / "step_2", run_dir)
 
-    chosen = checkpoint.select(tmp_path, RUN, config=MATRIX, storage_units=2)
+    chosen = checkpointer.select(tmp_path, RUN, config=MATRIX, storage_units=2)
     assert chosen is not None and chosen.manifest.step == fallback
     reasons = [f"{p}: {why}" if p.name.startswith("tmp_") else why for p, why in chosen.skipped]
     assert any(re.search(refusal, r) for r in reasons), reasons
     if fallback == 1:  # the damaged step itself, pinned, is refused outright
         with pytest.raises((CheckpointCorrupt, DigestError), match=refusal):
-            checkpoint.select(tmp_path, RUN, config=MATRIX, storage_units=2, step=2)
+            checkpointer.select(tmp_path, RUN, config=MATRIX, storage_units=2, step=2)
 
 
 def test_checkpoints_exist_but_none_is_valid_is_an_error_not_a_fresh_start(template: Path, tmp_path: Path) -> None:
@@ -340,8 +342,8 @@ def test_checkpoints_exist_but_none_is_valid_is_an_error_not_a_fresh_start(templ
     for step in ("step_1", "step_2"):
         (tmp_path / RUN / step / bundle.MANIFEST).unlink()
     with pytest.raises(CheckpointCorrupt, match="no valid checkpoint among 2"):
-        checkpoint.select(tmp_path, RUN, config=MATRIX)
-    assert checkpoint.select(tmp_path, "another-run", config=MATRIX) is None
+        checkpointer.select(tmp_path, RUN, config=MATRIX)
+    assert checkpointer.select(tmp_path, "another-run", config=MATRIX) is None
 
 
 # -- crash consistency --------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ def test_sigkill_between_any_two_save_steps_leaves_the_new_checkpoint_or_the_pre
     # Savers fork from one server that imported torch, Ray and TransferQueue once (before any thread or
     # Ray connection exists); each then attaches to this module's Ray and TransferQueue on its own.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ray", "transfer_queue", "trainingrun_runtime.checkpoint", "test_checkpoint"])
+    ctx.set_forkserver_preload(["torch", "ray", "transfer_queue", "trainingrun_runtime.dataplane.checkpointer", "test_checkpoint"])
     for i, stage in enumerate(SAVE_STAGES):
         root = tmp_path / stage
         partition = f"crash{i}"
@@ -365,7 +367,7 @@ def test_sigkill_between_any_two_save_steps_leaves_the_new_checkpoint_or_the_pre
         saver.start()
         saver.join(120)
         assert saver.exitcode == -signal.SIGKILL, (stage, saver.exitcode)
-        chosen = checkpoint.select(root, RUN, config=ReplayConfig(partition, 2, 8), storage_units=2)
+        chosen = checkpointer.select(root, RUN, config=ReplayConfig(partition, 2, 8), storage_units=2)
         assert chosen is not None
         run_dir = root / RUN
         if stage in completes:

@@ -21,8 +21,9 @@ import ray
 import torch
 import transfer_queue
 
-from trainingrun_runtime import bundle, dataplane, tq_storage_fix
-from trainingrun_runtime.dataplane import (
+from trainingrun_runtime.dataplane import lifecycle, storage_unit
+from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
     ConnectOnlyDataPlane,
     DataPlaneToken,
@@ -285,12 +286,12 @@ def test_the_snapshot_sidecar_lists_every_file(planes: Planes, tmp_path: Path) -
     _, client = planes.live()
     client.put_groups("side", groups_of("q", 1, 2), {"x": torch.ones(2, 2)})
     files = client.save_checkpoint(tmp_path / "dp", {"step": 7})
-    sidecar = json.loads((tmp_path / "dp" / dataplane.SIDECAR).read_text())
+    sidecar = json.loads((tmp_path / "dp" / lifecycle.SIDECAR).read_text())
     assert sidecar["files"] == files and sidecar["transferqueue"] == "0.1.11" and sidecar["storage_units"] == UNITS
     assert set(files) >= {"metadata.json", "controller_state.pkl", "simple_storage/storage_unit_info.json"}
-    assert dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
+    assert lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
     with pytest.raises(CheckpointCorrupt, match=f"snapshot has {UNITS} storage units, this TransferQueue 3"):
-        dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=3)
+        lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=3)
 
 
 def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_files(
@@ -305,19 +306,19 @@ def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_file
     for rel, sha in digests.items():
         assert bundle.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
     assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
-    dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
+    lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
     client.clear_groups("hashed", groups_of("h", 2, 4))
 
 
 def test_a_snapshot_in_the_old_format_is_refused_naming_the_file_and_the_fix(planes: Planes, tmp_path: Path) -> None:
     _, client = planes.live()
     client.save_checkpoint(tmp_path / "dp", {"step": 1})
-    side = tmp_path / "dp" / dataplane.SIDECAR
+    side = tmp_path / "dp" / lifecycle.SIDECAR
     sidecar = json.loads(side.read_text())
     side.write_text(json.dumps({**sidecar, "format": 1}))
     with pytest.raises(CheckpointCorrupt, match=rf"{re.escape(str(side))}: data-plane snapshot format 1, .* reads "
                        r"format 2 only .* restore it with the trainingrun version that wrote it"):  # fmt: skip
-        dataplane.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
+        lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
 
 
 def test_loading_through_a_client_that_was_already_used_is_refused(planes: Planes, tmp_path: Path) -> None:
@@ -382,4 +383,4 @@ def test_start_fails_fast_when_ray_lacks_cpu_slots(planes: Planes) -> None:
 def test_the_storage_fix_refuses_another_transferqueue_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transfer_queue, "__version__", "0.1.12")
     with pytest.raises(DataPlaneError, match="transferqueue 0.1.12 is installed but .* relies on 0.1.11"):
-        tq_storage_fix.install()
+        storage_unit.install()

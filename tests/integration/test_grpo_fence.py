@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from trainingrun_runtime import bundle, fence, launcher
+from support import launcher
+from trainingrun_runtime.storage import bundle, fence
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_runtime import launcher
+from support import launcher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 
-from trainingrun_runtime import reporter
+from trainingrun_runtime.driver import reporting
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _status(step: int) -> reporter.RuntimeStatus:
-    return reporter.RuntimeStatus(
-        attempt=2, step=step, reward=0.75, updated=reporter.rfc3339_now(),
-        lastCheckpoint=reporter.CheckpointReport(
+def _status(step: int) -> reporting.RuntimeStatus:
+    return reporting.RuntimeStatus(
+        attempt=2, step=step, reward=0.75, updated=reporting.rfc3339_now(),
+        lastCheckpoint=reporting.CheckpointReport(
             step=step, path=f"/ckpt/tiny/step_{step}", attempt=2, replayDigest="ab" * 32,
-            weightsSha256="cd" * 32, time=reporter.rfc3339_now(),
+            weightsSha256="cd" * 32, time=reporting.rfc3339_now(),
         ),
         restoreError=None, finished=False,
     )
@@ -64,16 +64,16 @@ def test_a_report_patches_only_status_runtime_of_its_own_run(
                                                                   "items": [role, binding]}))
     kubeconfig = control_plane.service_account_kubeconfig(namespace, "default")
 
-    reporter.KubernetesReporter("tiny", namespace, kubeconfig=str(kubeconfig)).report(_status(10))
-    reporter.KubernetesReporter("tiny", namespace, kubeconfig=str(kubeconfig)).report(_status(20))
+    reporting.KubernetesReporter("tiny", namespace, kubeconfig=str(kubeconfig)).report(_status(10))
+    reporting.KubernetesReporter("tiny", namespace, kubeconfig=str(kubeconfig)).report(_status(20))
     status = _get(control_plane, namespace, "tiny")["status"]
     assert status["phase"] == "Running"
     assert status["runtime"]["step"] == 20
     assert status["runtime"]["lastCheckpoint"]["path"] == "/ckpt/tiny/step_20"
     assert status["runtime"].get("restoreError") is None  # a null in a merge patch removes the key
 
-    with caplog.at_level(logging.WARNING, logger="trainingrun_runtime.reporter"):
-        reporter.KubernetesReporter("other", namespace, kubeconfig=str(kubeconfig), attempts=1).report(_status(30))
+    with caplog.at_level(logging.WARNING, logger="trainingrun_runtime.driver.reporting"):
+        reporting.KubernetesReporter("other", namespace, kubeconfig=str(kubeconfig), attempts=1).report(_status(30))
     assert "Forbidden" in caplog.text or "403" in caplog.text
     assert "runtime" not in _get(control_plane, namespace, "other").get("status", {})
 
@@ -84,6 +84,6 @@ def test_without_in_cluster_config_the_reporter_uses_kubeconfig_from_the_environ
     example = (REPO / "manifests" / "examples" / "tiny.yaml").read_text()
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=example)
     monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
-    rep = reporter.build("kubernetes", root="/unused", run="tiny", namespace=namespace, attempt=2)
+    rep = reporting.build("kubernetes", root="/unused", run="tiny", namespace=namespace, attempt=2)
     rep.report(_status(40))
     assert _get(control_plane, namespace, "tiny")["status"]["runtime"]["step"] == 40

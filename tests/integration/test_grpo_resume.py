@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainingrun_runtime import bundle, events, launcher
+from support import launcher
+from trainingrun_runtime.driver import events
+from trainingrun_runtime.storage import bundle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

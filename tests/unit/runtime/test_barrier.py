@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime import bundle
-from trainingrun_runtime.bundle import (
+from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage.bundle import (
     DATA_PLANE,
     MANIFEST,
     REPLAY_METADATA,

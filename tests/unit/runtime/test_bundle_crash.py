@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import trainingrun_runtime
-from trainingrun_runtime.bundle import COMMIT_STAGES, BundleWriter, discover, verify
+from trainingrun_runtime.storage.bundle import COMMIT_STAGES, BundleWriter, discover, verify
 
 RUN = "demo"
 PACKAGE_ROOT = str(Path(trainingrun_runtime.__file__).resolve().parent.parent)
@@ -30,7 +30,7 @@ PACKAGE_ROOT = str(Path(trainingrun_runtime.__file__).resolve().parent.parent)
 SAVER = textwrap.dedent(
     """
     import os, signal, sys
-    from trainingrun_runtime.bundle import BundleWriter
+    from trainingrun_runtime.storage.bundle import BundleWriter
 
     root, step, attempt, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 

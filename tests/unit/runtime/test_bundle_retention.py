@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime.bundle import MANIFEST, BundleWriter, apply_retention, discover
+from trainingrun_runtime.storage.bundle import MANIFEST, BundleWriter, apply_retention, discover
 
 RUN = "demo"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainingrun_runtime import column_file
+from trainingrun_runtime.dataplane import column_file
 from trainingrun_runtime.errors import CheckpointCorrupt
 
 

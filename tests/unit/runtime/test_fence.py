@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime import fence
+from trainingrun_runtime.storage import fence
 from trainingrun_runtime.errors import TrainingRunError
 
 

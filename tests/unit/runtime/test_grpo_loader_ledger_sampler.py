@@ -8,29 +8,29 @@ import random
 
 import pytest
 
-from trainingrun_runtime import dataloader, ledger, sampler
+from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
 
 
 def test_the_loader_serves_each_dataset_index_once_per_epoch_in_a_seeded_order() -> None:
-    loader = dataloader.PromptLoader(dataset_size=10, seed=3)
+    loader = prompt_loader.PromptLoader(dataset_size=10, seed=3)
     first = [loader.next() for _ in range(20)]
     assert [p.uid for p in first] == list(range(20))
     assert sorted(p.index for p in first[:10]) == list(range(10))
     assert [p.index for p in first[:10]] != [p.index for p in first[10:]]
-    assert [p.index for p in first] == [dataloader.PromptLoader(10, 3).index_of(u) for u in range(20)]
+    assert [p.index for p in first] == [prompt_loader.PromptLoader(10, 3).index_of(u) for u in range(20)]
 
 
 def test_a_restored_loader_continues_where_the_saved_one_was() -> None:
-    loader = dataloader.PromptLoader(10, 3)
+    loader = prompt_loader.PromptLoader(10, 3)
     for _ in range(7):
         loader.next()
     state = loader.state_dict()
     rest = [loader.next() for _ in range(5)]
-    restored = dataloader.PromptLoader(10, 3)
+    restored = prompt_loader.PromptLoader(10, 3)
     restored.load_state_dict(json.loads(json.dumps(state)))
     assert [restored.next() for _ in range(5)] == rest
     with pytest.raises(ValueError, match="dataset_size"):
-        dataloader.PromptLoader(11, 3).load_state_dict(state)
+        prompt_loader.PromptLoader(11, 3).load_state_dict(state)
 
 
 def test_the_ledger_refuses_to_train_a_prompt_twice() -> None:
@@ -59,12 +59,12 @@ def test_restoring_the_ledger_queues_in_flight_prompts_for_redispatch() -> None:
 
 
 def test_the_in_order_sampler_takes_exactly_the_steps_uids_at_its_version() -> None:
-    s = sampler.InOrderSampler(prompts_per_step=2)
+    s = samplers.InOrderSampler(prompts_per_step=2)
     assert s.loader_limit() == 2
     assert s.dispatch_version(1, current_version=0) == 0
     assert s.dispatch_version(2, current_version=0) is None  # waits for version 1
     assert s.select({0: 0}) is None
-    assert s.select({0: 0, 1: 0, 2: 1}) == sampler.Selection(train=(0, 1))
+    assert s.select({0: 0, 1: 0, 2: 1}) == samplers.Selection(train=(0, 1))
     s.advance()
     assert s.loader_limit() == 4
     with pytest.raises(ValueError, match="other versions"):
@@ -72,28 +72,28 @@ def test_the_in_order_sampler_takes_exactly_the_steps_uids_at_its_version() -> N
 
 
 def test_the_async_sampler_drops_groups_staler_than_the_window_and_takes_the_oldest_fresh_ones() -> None:
-    s = sampler.AsyncSampler(prompts_per_step=2, max_staleness=1)
+    s = samplers.AsyncSampler(prompts_per_step=2, max_staleness=1)
     for _ in range(3):
         s.advance()
     assert s.loader_limit() == (3 + 1 + 1) * 2
     assert s.dispatch_version(99, current_version=3) == 3
     picked = s.select({0: 1, 5: 2, 4: 3, 9: 3})
-    assert picked == sampler.Selection(train=(4, 5), drop=(0,))
-    assert s.select({0: 1, 4: 3}) == sampler.Selection(train=(), drop=(0,))
+    assert picked == samplers.Selection(train=(4, 5), drop=(0,))
+    assert s.select({0: 1, 4: 3}) == samplers.Selection(train=(), drop=(0,))
     assert s.select({4: 3}) is None
 
 
 def test_sampler_state_refuses_another_kind() -> None:
     with pytest.raises(ValueError, match="in_order"):
-        sampler.AsyncSampler(2, 1).load_state_dict(sampler.InOrderSampler(2).state_dict())
+        samplers.AsyncSampler(2, 1).load_state_dict(samplers.InOrderSampler(2).state_dict())
 
 
 class _Sim:
     """The controller's bookkeeping protocol without Ray or TransferQueue: the committed dict stands in for the
     replay index plus its rows, and `snapshot` is the checkpoint's barrier cut (taken between two loop turns)."""
 
-    def __init__(self, smp: sampler.Sampler) -> None:
-        self.loader = dataloader.PromptLoader(50, 0)
+    def __init__(self, smp: samplers.Sampler) -> None:
+        self.loader = prompt_loader.PromptLoader(50, 0)
         self.book = ledger.Ledger()
         self.smp = smp
         self.committed: dict[int, int] = {}
@@ -177,8 +177,8 @@ class _Sim:
 @pytest.mark.parametrize("kind", ["in_order", "async"])
 @pytest.mark.parametrize("seed", range(5))
 def test_crashes_between_any_two_turns_lose_no_committed_group_and_train_no_prompt_twice(kind: str, seed: int) -> None:
-    def make() -> sampler.Sampler:
-        return sampler.InOrderSampler(3) if kind == "in_order" else sampler.AsyncSampler(3, 1)
+    def make() -> samplers.Sampler:
+        return samplers.InOrderSampler(3) if kind == "in_order" else samplers.AsyncSampler(3, 1)
 
     crashed = _Sim(make())
     trained = crashed.run(random.Random(seed), steps=12, crash_every=11)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from trainingrun_runtime import config, model, sampling, seeding, task
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import group_sampling, seeding, task, transformer
 
 
-def _setup(seed: int = 0) -> tuple[task.Task, model.CausalTransformer]:
+def _setup(seed: int = 0) -> tuple[task.Task, transformer.CausalTransformer]:
     cfg = config.TrainerConfig(seed=seed)
     the_task = task.Task(cfg.task, cfg.seed)
-    return the_task, model.build(cfg.model, the_task.vocab_size, the_task.seq_len, cfg.seed)
+    return the_task, transformer.build(cfg.model, the_task.vocab_size, the_task.seq_len, cfg.seed)
 
 
 def test_derived_seeds_depend_only_on_their_parts() -> None:
@@ -47,21 +48,21 @@ def test_the_initial_policy_ignores_the_global_rng() -> None:
 def test_a_group_is_the_same_whatever_ran_before_it() -> None:
     the_task, m = _setup()
     digits = the_task.digits_of(3)
-    first = sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
+    first = group_sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
     torch.rand(1000)
-    sampling.sample_group(m, the_task, the_task.digits_of(4), uid=4, version=0, group_size=8, temperature=1.0)
-    again = sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
+    group_sampling.sample_group(m, the_task, the_task.digits_of(4), uid=4, version=0, group_size=8, temperature=1.0)
+    again = group_sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
     assert torch.equal(first.tokens, again.tokens)
     assert torch.equal(first.logprobs, again.logprobs)
-    other_version = sampling.sample_group(m, the_task, digits, uid=3, version=1, group_size=8, temperature=1.0)
+    other_version = group_sampling.sample_group(m, the_task, digits, uid=3, version=1, group_size=8, temperature=1.0)
     assert not torch.equal(first.tokens, other_version.tokens)
 
 
 def test_recorded_log_probs_match_the_trainers_full_forward() -> None:
     the_task, m = _setup()
-    group = sampling.sample_group(m, the_task, the_task.digits_of(0), 0, 0, 8, temperature=0.7)
+    group = group_sampling.sample_group(m, the_task, the_task.digits_of(0), 0, 0, 8, temperature=0.7)
     with torch.no_grad():
-        full = model.token_logprobs(m, group.tokens, the_task.prompt_len, temperature=0.7)
+        full = transformer.token_logprobs(m, group.tokens, the_task.prompt_len, temperature=0.7)
     assert group.tokens.shape == (8, the_task.seq_len)
     assert torch.allclose(full, group.logprobs, atol=1e-5)
     assert group.rewards.shape == (8,)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from trainingrun_runtime import config, grpo, sampling, trainer
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import group_sampling, objective, trainer
 
 CFG = config.TrainerConfig(prompts_per_step=3, grpo=config.GRPOConfig(group_size=4, kl_coef=0.1, updates_per_batch=2))
 
@@ -14,10 +15,10 @@ CFG = config.TrainerConfig(prompts_per_step=3, grpo=config.GRPOConfig(group_size
 def _train(tr: trainer.Trainer, steps: range) -> None:
     for s in steps:
         groups = [
-            sampling.sample_group(tr.model, tr.task, tr.task.digits_of(u), u, s, CFG.grpo.group_size, 1.0)
+            group_sampling.sample_group(tr.model, tr.task, tr.task.digits_of(u), u, s, CFG.grpo.group_size, 1.0)
             for u in range(s * 3, s * 3 + 3)
         ]
-        adv = grpo.group_advantages(torch.stack([g.rewards for g in groups]), 1e-4).flatten()
+        adv = objective.group_advantages(torch.stack([g.rewards for g in groups]), 1e-4).flatten()
         tr.train_step(torch.cat([g.tokens for g in groups]), torch.cat([g.logprobs for g in groups]), adv)
 
 

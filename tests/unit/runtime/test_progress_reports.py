@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime import reporter
+from trainingrun_runtime.driver import reporting
 
 
 class Recorder:
     """Records each delivered status; `gate` (when set) holds delivery until the test opens it."""
 
     def __init__(self) -> None:
-        self.sent: list[reporter.RuntimeStatus] = []
+        self.sent: list[reporting.RuntimeStatus] = []
         self.gate: threading.Event | None = None
         self.fail_next = False
 
-    def report(self, status: reporter.RuntimeStatus) -> None:
+    def report(self, status: reporting.RuntimeStatus) -> None:
         if self.gate is not None:
             self.gate.wait(5)
         if self.fail_next:
@@ -37,17 +37,17 @@ class Training:
         self.step = 0
         self.checkpoint: int | None = None
 
-    def status(self) -> reporter.RuntimeStatus:
-        last = None if self.checkpoint is None else reporter.CheckpointReport(
+    def status(self) -> reporting.RuntimeStatus:
+        last = None if self.checkpoint is None else reporting.CheckpointReport(
             step=self.checkpoint, path=f"/c/run/step_{self.checkpoint}", attempt=1, replayDigest="d",
             weightsSha256="w", time="t")
-        return reporter.RuntimeStatus(attempt=1, step=self.step, reward=None, updated=reporter.rfc3339_now(),
+        return reporting.RuntimeStatus(attempt=1, step=self.step, reward=None, updated=reporting.rfc3339_now(),
                                       lastCheckpoint=last, restoreError=None, finished=False)
 
 
-def make(period: float) -> tuple[reporter.ProgressReports, Recorder, Training]:
+def make(period: float) -> tuple[reporting.ProgressReports, Recorder, Training]:
     rec, training = Recorder(), Training()
-    return reporter.ProgressReports(rec, training.status, period_s=period), rec, training
+    return reporting.ProgressReports(rec, training.status, period_s=period), rec, training
 
 
 async def test_the_first_step_is_reported_at_once_and_a_burst_of_steps_once_more_after_the_period() -> None:
@@ -127,16 +127,16 @@ async def test_a_failing_report_is_logged_and_training_goes_on(caplog: pytest.Lo
 
 def test_a_negative_period_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="progress period must be >= 0"):
-        reporter.ProgressReports(Recorder(), Training().status, period_s=-1)
+        reporting.ProgressReports(Recorder(), Training().status, period_s=-1)
 
 
 def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad() -> None:
-    view = reporter.OperatorView.of({
+    view = reporting.OperatorView.of({
         "attempt": {"number": 3, "start": "t"},
         "checkpoints": {"latest": {"step": 30}, "history": [{"step": 10}, {"step": 20}, {"step": 30}], "bad": [30]},
     })
-    assert view == reporter.OperatorView(attempt=3, attempt_ended=False, pinned=20)
-    assert reporter.OperatorView.of({}) == reporter.OperatorView(attempt=None, attempt_ended=False, pinned=None)
+    assert view == reporting.OperatorView(attempt=3, attempt_ended=False, pinned=20)
+    assert reporting.OperatorView.of({}) == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
 
 
 @pytest.mark.parametrize(
@@ -151,14 +151,14 @@ def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad() -> Non
 )
 def test_an_attempt_has_ended_once_the_operator_ended_it_or_moved_past_it(
         status: dict[str, object], mine: int, ended: bool) -> None:
-    assert reporter.OperatorView.of(status).ended(mine) is ended
+    assert reporting.OperatorView.of(status).ended(mine) is ended
 
 
 def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_there_is_none(tmp_path: Path) -> None:
-    rep = reporter.FileReporter(tmp_path, "run", 2)
-    assert rep.operator_view() == reporter.OperatorView(attempt=None, attempt_ended=False, pinned=None)
+    rep = reporting.FileReporter(tmp_path, "run", 2)
+    assert rep.operator_view() == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "status.json").write_text(json.dumps({"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 8}}}))
-    assert rep.operator_view() == reporter.OperatorView(attempt=2, attempt_ended=False, pinned=8)
+    assert rep.operator_view() == reporting.OperatorView(attempt=2, attempt_ended=False, pinned=8)
     (tmp_path / "run" / "status.json").write_text("{half")
     assert rep.operator_view() is None  # unreadable: the caller skips retention rather than guess

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.errors import DataPlaneError, PreflightError
-from trainingrun_runtime.replay_buffer import GroupRows, TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_buffer import GroupRows, TQReplayBuffer
 
 pytestmark = pytest.mark.timeout(20)
 

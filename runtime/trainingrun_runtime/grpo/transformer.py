@@ -17,7 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trainingrun_runtime import config, seeding
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import seeding
 
 __all__ = ["CausalTransformer", "build", "token_logprobs"]
 

@@ -17,7 +17,7 @@ import functools
 import random
 from typing import TypedDict
 
-from trainingrun_runtime import seeding
+from trainingrun_runtime.grpo import seeding
 
 __all__ = ["LoaderState", "Prompt", "PromptLoader"]
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from trainingrun_runtime import digest
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
 
 __all__ = [

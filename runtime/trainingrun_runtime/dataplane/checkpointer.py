@@ -66,9 +66,10 @@ from typing import Any, Final
 
 import torch
 
-from trainingrun_runtime import bundle, digest
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.dataplane import (
+from trainingrun_runtime import digest
+from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
     DataPlaneClient,
     DataPlaneToken,
@@ -76,7 +77,7 @@ from trainingrun_runtime.dataplane import (
     check_data_plane_dir,
 )
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
-from trainingrun_runtime.replay_buffer import ReplayConfig, ReplayIndex, TQReplayBuffer, run_blocking
+from trainingrun_runtime.dataplane.replay_buffer import ReplayConfig, ReplayIndex, TQReplayBuffer, run_blocking
 
 __all__ = [
     "REPLAY_MODE",

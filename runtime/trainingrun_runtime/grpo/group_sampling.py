@@ -17,7 +17,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from trainingrun_runtime import seeding, task
+from trainingrun_runtime.grpo import seeding, task
 
 __all__ = ["Group", "sample_group"]
 

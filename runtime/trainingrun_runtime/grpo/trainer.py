@@ -1,7 +1,7 @@
 """The trainer's state and one GRPO update, in plain torch (the trainer Ray actor wraps this).
 
     batch {tokens [B,T], logprobs [B,L] (behaviour policy), advantages [B]}
-        ─► token_logprobs(π_θ) ─► grpo.policy_loss (+ β·KL to π_ref) ─► backward ─► clip ─► AdamW step
+        ─► token_logprobs(π_θ) ─► objective.policy_loss (+ β·KL to π_ref) ─► backward ─► clip ─► AdamW step
 
 `version` counts optimizer steps taken on whole batches (updates_per_batch inner
 steps count once), so version t is the policy after t training steps. State on disk,
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from trainingrun_runtime import config, grpo, model, task
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import objective, task, transformer
 
 __all__ = ["Trainer", "deterministic", "weights_sha256"]
 
@@ -55,14 +56,14 @@ class Trainer:
     def __init__(self, cfg: config.TrainerConfig) -> None:
         self.cfg = cfg
         self.task = task.Task(cfg.task, cfg.seed)
-        self.model = model.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+        self.model = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay, foreach=False
         )
-        self.reference: model.CausalTransformer | None = None
+        self.reference: transformer.CausalTransformer | None = None
         if g.kl_coef is not None:
-            self.reference = model.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+            self.reference = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
             self.reference.requires_grad_(False)
         self.version = 0
 
@@ -81,11 +82,11 @@ class Trainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp = model.token_logprobs(self.reference, tokens, self.task.prompt_len, g.temperature)
+                ref_logp = transformer.token_logprobs(self.reference, tokens, self.task.prompt_len, g.temperature)
         stats: dict[str, float] = {}
         for _ in range(g.updates_per_batch):
-            logp = model.token_logprobs(self.model, tokens, self.task.prompt_len, g.temperature)
-            loss, loss_stats = grpo.policy_loss(logp, old_logp, advantages, mask, g.clip_eps, g.kl_coef, ref_logp)
+            logp = transformer.token_logprobs(self.model, tokens, self.task.prompt_len, g.temperature)
+            loss, loss_stats = objective.policy_loss(logp, old_logp, advantages, mask, g.clip_eps, g.kl_coef, ref_logp)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)

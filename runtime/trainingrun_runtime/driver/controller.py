@@ -13,7 +13,7 @@
                                                         weight sync: trainer → every generator (version t+1)
                                                         every save_period steps: checkpoint (below)
 
-    checkpoint(step N)                      (checkpoint.DataPlaneCheckpointer from issue 4 does the cut)
+    checkpoint(step N)                      (checkpointer.DataPlaneCheckpointer from issue 4 does the cut)
       tmp_step_N/ ← policy/ (weights + optimizer)                         outside the cut: the trainer is idle
       ┌ barrier.checkpoint() ── exclusive: lanes queue at reserve/commit ──────────────────────────┐
       │ replay index + _capture(): loader place, sampler cursor, ledger (in-flight uids)            │
@@ -30,7 +30,7 @@
     fence: before a save's begin, its rename and retention, owner.json must still name this attempt (else
     Superseded: a zombie of an ended attempt stops writing; `fence.py`)
     reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
-    after a step (step, reward), one at a time and in order (reporter.ProgressReports)
+    after a step (step, reward), one at a time and in order (reporting.ProgressReports)
 
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
@@ -60,26 +60,15 @@ from typing import Any
 
 import torch
 
-from trainingrun_runtime import (
-    bundle,
-    checkpoint,
-    config,
-    crashpoints,
-    dataloader,
-    dataplane,
-    events,
-    fence,
-    grpo,
-    ledger,
-    policy,
-    reporter,
-    sampler,
-    task,
-    trainer,
-)
-from trainingrun_runtime.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime import config
+from trainingrun_runtime.dataplane import checkpointer, lifecycle
+from trainingrun_runtime.driver import crashpoints, events, reporting, trainers
+from trainingrun_runtime.grpo import objective, task, trainer
+from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
+from trainingrun_runtime.storage import bundle, fence
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.errors import InventoryMismatch, PreflightError
-from trainingrun_runtime.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
 
 __all__ = ["PARTITION", "RunResult", "SingleController", "SingleControllerActorArgs", "capacity", "group_rows"]
 
@@ -112,13 +101,13 @@ class SingleControllerActorArgs:
     attempt: int
     root: str
     config_hash: str
-    policy: policy.TQPolicy
+    policy: trainers.TQPolicy
     generators: list[Any]
     task: task.Task
-    loader: dataloader.PromptLoader
-    sampler: sampler.Sampler
+    loader: prompt_loader.PromptLoader
+    sampler: samplers.Sampler
     ledger: ledger.Ledger
-    token: dataplane.DataPlaneToken
+    token: lifecycle.DataPlaneToken
     """Proof that TransferQueue was restored (or started fresh) by the policy's bootstrap client."""
     data_plane_checkpoint_metadata: dict[str, Any] | None
     """What the restore read back from the snapshot (None on a fresh start)."""
@@ -127,11 +116,11 @@ class SingleControllerActorArgs:
     replay_digest: str | None
     """The manifest's replay digest, which the rebuilt index must match (None on a fresh start)."""
     restored_step: int | None
-    status_reporter: reporter.Reporter
+    status_reporter: reporting.Reporter
     event_log: events.EventLog
     crash: crashpoints.CrashPoints
-    last_checkpoint: reporter.CheckpointReport | None = None
-    progress_period_s: float = reporter.PROGRESS_PERIOD_S
+    last_checkpoint: reporting.CheckpointReport | None = None
+    progress_period_s: float = reporting.PROGRESS_PERIOD_S
     """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
     run_uid: str | None = None
     """The TrainingRun's uid: with `attempt`, the owner this driver claimed the run directory as (`fence`)."""
@@ -145,7 +134,7 @@ class RunResult:
     weights_sha256: str
     mean_reward: float | None
     rewards: list[float]
-    last_checkpoint: reporter.CheckpointReport | None
+    last_checkpoint: reporting.CheckpointReport | None
     exclusive_s: list[float]
     """The barrier's exclusive window of each checkpoint this attempt wrote (seconds)."""
 
@@ -162,7 +151,7 @@ class SingleController:
         """Attach, restore the index, run the pumps until `steps`; raise the first failure as it was."""
         a = self.args
         tcfg = a.config.trainer
-        self.client = await asyncio.to_thread(dataplane.ConnectOnlyDataPlane.connect, a.token)
+        self.client = await asyncio.to_thread(lifecycle.ConnectOnlyDataPlane.connect, a.token)
         a.event_log.emit("client_connected")
         self.barrier = DataPlaneCheckpointBarrier()
         rc = replay_config(tcfg)
@@ -175,7 +164,7 @@ class SingleController:
             await self.replay.restore(a.replay_state, expected_digest=a.replay_digest)
             self._check_ledger_against_index()
         a.event_log.emit("index_restored", groups=len(self.replay), digest=self.replay.index.digest())
-        self.saver = checkpoint.DataPlaneCheckpointer(
+        self.saver = checkpointer.DataPlaneCheckpointer(
             a.root, a.run, dataplane=self.client, buffer=self.replay, barrier=self.barrier, on_stage=self._bundle_stage
         )
         self.exclusive_s: list[float] = []
@@ -186,7 +175,7 @@ class SingleController:
         self.rewards: list[float] = []
         self._saving_step = -1
         self.last_checkpoint = a.last_checkpoint
-        self.reports = reporter.ProgressReports(
+        self.reports = reporting.ProgressReports(
             a.status_reporter,
             lambda: self.status(a.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
             period_s=a.progress_period_s,
@@ -262,7 +251,7 @@ class SingleController:
 
     # -- training -------------------------------------------------------------------------------
 
-    async def _next_selection(self) -> sampler.Selection:
+    async def _next_selection(self) -> samplers.Selection:
         a = self.args
         while True:
             self._rows_ready.clear()
@@ -317,7 +306,7 @@ class SingleController:
         rewards = rows["rewards"]
         assert isinstance(rewards, torch.Tensor)
         trainer.deterministic()  # TransferQueue's reads reset torch's thread count; put it back
-        advantages = grpo.group_advantages(rewards.view(prompts, g.group_size), g.adv_eps).flatten()
+        advantages = objective.group_advantages(rewards.view(prompts, g.group_size), g.adv_eps).flatten()
         await asyncio.to_thread(self.client.update_fields, PARTITION, keys, {"advantages": advantages})
         return float(rewards.mean())
 
@@ -370,7 +359,7 @@ class SingleController:
         )
 
     async def _commit_bundle(
-        self, pending: checkpoint.PendingCheckpoint, snap: checkpoint.Snapshot, step: int, reward: float, sha: str
+        self, pending: checkpointer.PendingCheckpoint, snap: checkpointer.Snapshot, step: int, reward: float, sha: str
     ) -> None:
         """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
         a = self.args
@@ -385,9 +374,9 @@ class SingleController:
         except BaseException:
             pending.abort()
             raise
-        self.last_checkpoint = reporter.CheckpointReport(
+        self.last_checkpoint = reporting.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, time=reporter.rfc3339_now(),
+            weightsSha256=sha, time=reporting.rfc3339_now(),
         )
         self.exclusive_s.append(snap.exclusive_s)
         a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
@@ -438,10 +427,10 @@ class SingleController:
                 self._commit = None
                 raise error
 
-    def status(self, step: int, reward: float | None, *, finished: bool) -> reporter.RuntimeStatus:
+    def status(self, step: int, reward: float | None, *, finished: bool) -> reporting.RuntimeStatus:
         """`status.runtime` as of now."""
-        return reporter.RuntimeStatus(
-            attempt=self.args.attempt, step=step, reward=reward, updated=reporter.rfc3339_now(),
+        return reporting.RuntimeStatus(
+            attempt=self.args.attempt, step=step, reward=reward, updated=reporting.rfc3339_now(),
             lastCheckpoint=self.last_checkpoint, restoreError=None, finished=finished,
         )
 

@@ -50,7 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypedDict
 
-from trainingrun_runtime.buffer_pool import BufferPool
+from trainingrun_runtime.storage.buffer_pool import BufferPool
 from trainingrun_runtime.digest import canonical_json
 from trainingrun_runtime.errors import CheckpointCorrupt
 

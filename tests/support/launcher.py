@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainingrun_runtime import crashpoints
+from trainingrun_runtime.driver import crashpoints
 
 __all__ = ["DriverProcess", "start"]
 

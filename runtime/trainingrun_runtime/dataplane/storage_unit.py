@@ -51,7 +51,7 @@ import transfer_queue  # type: ignore[import-untyped]
 from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
-from trainingrun_runtime import column_file
+from trainingrun_runtime.dataplane import column_file
 from trainingrun_runtime.errors import DataPlaneError
 
 __all__ = [
@@ -76,7 +76,7 @@ def check_version() -> None:
     if found != PINNED_TQ_VERSION:
         raise DataPlaneError(
             f"transferqueue {found} is installed but the SimpleStorage checkpoint fix "
-            f"(trainingrun_runtime.tq_storage_fix) relies on {PINNED_TQ_VERSION} internals "
+            f"(trainingrun_runtime.dataplane.storage_unit) relies on {PINNED_TQ_VERSION} internals "
             "(StorageUnitData checkpoint layout, simple_storage_bootstrap.SimpleStorageUnit); "
             "re-check the fix against the new version before changing the pin"
         )

@@ -47,7 +47,7 @@ from typing import Any, Final
 
 import torch
 
-from trainingrun_runtime.buffer_pool import BufferPool
+from trainingrun_runtime.storage.buffer_pool import BufferPool
 from trainingrun_runtime.errors import CheckpointCorrupt
 
 __all__ = [

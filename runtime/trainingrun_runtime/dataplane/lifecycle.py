@@ -68,9 +68,9 @@ import torch
 import transfer_queue as tq  # type: ignore[import-untyped]
 from tensordict import NonTensorStack, TensorDict
 
-from trainingrun_runtime import tq_storage_fix
+from trainingrun_runtime.dataplane import storage_unit
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, RestoreRefused
-from trainingrun_runtime.replay_buffer import GroupRows
+from trainingrun_runtime.dataplane.replay_buffer import GroupRows
 
 __all__ = [
     "TAG_GROUP",
@@ -228,7 +228,7 @@ class PendingSnapshot:
         deadline = time.monotonic() + timeout_s
         pause = 0.0005
         for rel in self.unit_files:
-            side = self.path / f"{rel}{tq_storage_fix.DIGEST_SUFFIX}"
+            side = self.path / f"{rel}{storage_unit.DIGEST_SUFFIX}"
             while not side.exists():
                 if time.monotonic() > deadline:
                     raise DataPlaneError(f"{self.path / rel}: its storage unit reported no digest within {timeout_s:g} s")
@@ -404,7 +404,7 @@ class DataPlaneClient:
         }
         sidecar = {
             "format": _SIDECAR_FORMAT,
-            "transferqueue": tq_storage_fix.PINNED_TQ_VERSION,
+            "transferqueue": storage_unit.PINNED_TQ_VERSION,
             "storage_units": len(units),
             "files": files,
         }
@@ -487,7 +487,7 @@ class BootstrapDataPlane(DataPlaneClient):
                 f"but only {free:g} are free; tq.init would wait forever. Start Ray with more logical CPUs "
                 "(e.g. ray.init(num_cpus=8)) or fewer storage units"
             )
-        tq_storage_fix.install()
+        storage_unit.install()
         conf = {
             "controller": {"polling_mode": True},
             "backend": {
@@ -672,10 +672,10 @@ def check_data_plane_dir(path: Path, *, storage_units: int | None = None) -> dic
         )
     if not isinstance(files, dict):
         raise CheckpointCorrupt(f"{side}: unreadable (unexpected layout)")
-    if sidecar.get("transferqueue") != tq_storage_fix.PINNED_TQ_VERSION:
+    if sidecar.get("transferqueue") != storage_unit.PINNED_TQ_VERSION:
         raise CheckpointCorrupt(
             f"{side}: written by transferqueue {sidecar.get('transferqueue')}, "
-            f"this process runs {tq_storage_fix.PINNED_TQ_VERSION}"
+            f"this process runs {storage_unit.PINNED_TQ_VERSION}"
         )
     if storage_units is not None and sidecar.get("storage_units") != storage_units:
         raise CheckpointCorrupt(
@@ -702,7 +702,7 @@ def check_data_plane_dir(path: Path, *, storage_units: int | None = None) -> dic
 
 
 def _is_digest(name: str) -> bool:
-    return name.endswith((tq_storage_fix.DIGEST_SUFFIX, tq_storage_fix.DIGEST_SUFFIX + ".tmp"))
+    return name.endswith((storage_unit.DIGEST_SUFFIX, storage_unit.DIGEST_SUFFIX + ".tmp"))
 
 
 def _find_controller() -> Any:

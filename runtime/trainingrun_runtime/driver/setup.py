@@ -31,23 +31,12 @@ from typing import Any
 
 import torch
 
-from trainingrun_runtime import (
-    bundle,
-    checkpoint,
-    config,
-    controller,
-    crashpoints,
-    dataloader,
-    events,
-    fence,
-    generation,
-    ledger,
-    policy,
-    reporter,
-    sampler,
-    task,
-    trainer,
-)
+from trainingrun_runtime import config
+from trainingrun_runtime.dataplane import checkpointer
+from trainingrun_runtime.driver import controller, crashpoints, events, generation_workers, reporting, trainers
+from trainingrun_runtime.grpo import task, trainer
+from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
+from trainingrun_runtime.storage import bundle, fence
 from trainingrun_runtime.errors import CheckpointCorrupt, ConfigMismatch, TrainingRunError
 
 __all__ = ["DriverOptions", "RestoreFailed", "Setup", "check_config", "select_checkpoint", "setup_single_controller"]
@@ -63,7 +52,7 @@ class RestoreFailed(Exception):
         self.cause = cause
 
 
-_PROGRESS_PERIOD_S = reporter.PROGRESS_PERIOD_S  # (a field below is named `reporter`)
+_PROGRESS_PERIOD_S = reporting.PROGRESS_PERIOD_S  # (a field below is named `reporter`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +79,11 @@ class Setup:
     """What the driver holds after setup: the actor, the policy (for closing TQ) and its arguments."""
 
     actor: Any
-    policy: policy.TQPolicy
+    policy: trainers.TQPolicy
     args: controller.SingleControllerActorArgs
 
 
-def select_checkpoint(root: str, run: str, resume: str, cfg: config.TrainerConfig) -> checkpoint.Selection | None:
+def select_checkpoint(root: str, run: str, resume: str, cfg: config.TrainerConfig) -> checkpointer.Selection | None:
     """The checkpoint to resume from, every check passed, nothing loaded: newest valid, pinned, or None (fresh)."""
     if resume == "latest":
         step = None
@@ -103,8 +92,8 @@ def select_checkpoint(root: str, run: str, resume: str, cfg: config.TrainerConfi
             step = int(resume)
         except ValueError:
             raise ValueError(f"--resume must be 'latest' or a step number, got {resume!r}") from None
-    chosen = checkpoint.select(
-        root, run, config=controller.replay_config(cfg), storage_units=policy.STORAGE_UNITS, step=step
+    chosen = checkpointer.select(
+        root, run, config=controller.replay_config(cfg), storage_units=trainers.STORAGE_UNITS, step=step
     )
     if chosen is not None:
         for path, reason in chosen.skipped:
@@ -158,16 +147,16 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     _init_ray(opts)
     ev.emit("ray_started")
     prefix = f"{opts.run}-a{opts.attempt}"
-    the_policy = policy.TQPolicy(tcfg, prefix)
+    the_policy = trainers.TQPolicy(tcfg, prefix)
     ev.emit("tq_started")
 
     restored_metadata: dict[str, Any] | None = None
     replay_state: dict[str, Any] | None = None
     replay_digest: str | None = None
-    the_loader = dataloader.PromptLoader(tcfg.task.dataset_size, tcfg.seed)
-    the_sampler = sampler.build(tcfg)
+    the_loader = prompt_loader.PromptLoader(tcfg.task.dataset_size, tcfg.seed)
+    the_sampler = samplers.build(tcfg)
     the_ledger = ledger.Ledger()
-    last: reporter.CheckpointReport | None = None
+    last: reporting.CheckpointReport | None = None
     try:
         if chosen is None:
             token = the_policy.start_fresh()
@@ -192,7 +181,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
                     f"{verified.path}: train_dataloader.pt (step {the_sampler.step}) disagrees with the state "
                     f"captured with the replay index (step {m.step})"
                 )
-            last = reporter.CheckpointReport(
+            last = reporting.CheckpointReport(
                 step=m.step, path=str(verified.path), attempt=m.attempt, replayDigest=m.replay_digest,
                 weightsSha256=m.weights_sha256, time=m.created,
             )
@@ -202,7 +191,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
 
     import ray
 
-    generators = generation.spawn(tcfg, prefix)
+    generators = generation_workers.spawn(tcfg, prefix)
     version = the_sampler.step
     weights = the_policy.weights_ref()
     ray.get([g.load_weights.remote(version, weights) for g in generators])
@@ -225,7 +214,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         replay_state=replay_state,
         replay_digest=replay_digest,
         restored_step=None if chosen is None else chosen.manifest.step,
-        status_reporter=reporter.build(
+        status_reporter=reporting.build(
             opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt
         ),
         event_log=ev,

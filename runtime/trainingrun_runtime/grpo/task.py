@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from trainingrun_runtime import config, seeding
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import seeding
 
 __all__ = ["BOS", "SEP", "Task"]
 

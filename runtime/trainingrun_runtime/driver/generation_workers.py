@@ -8,7 +8,7 @@ Each actor holds exactly one policy version. `generate` with an explicit version
 (the in_order sampler) refuses to run on other weights — a scheduling bug, not a
 retry; with `version=None` (the async sampler) it uses whatever it holds and says
 which. The sample itself is a function of (weights, seed, uid, row, version) only
-(`sampling.sample_group`), so which actor runs it does not matter.
+(`group_sampling.sample_group`), so which actor runs it does not matter.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any, TypedDict
 
 import torch
 
-from trainingrun_runtime import config, model, sampling, task, trainer
+from trainingrun_runtime import config
+from trainingrun_runtime.grpo import group_sampling, task, trainer, transformer
 
 __all__ = ["GeneratedGroup", "Generator", "spawn"]
 
@@ -42,7 +43,7 @@ class Generator:
         trainer.deterministic()
         self.cfg = cfg
         self.task = task.Task(cfg.task, cfg.seed)
-        self.model = model.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+        self.model = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
         self.model.eval()
         self.version = 0
 
@@ -61,7 +62,7 @@ class Generator:
         if version is not None and version != self.version:
             raise RuntimeError(f"asked to generate uid {uid} with version {version}, but this worker holds {self.version}")
         g = self.cfg.grpo
-        group = sampling.sample_group(
+        group = group_sampling.sample_group(
             self.model, self.task, self.task.digits_of(index), uid, self.version, g.group_size, g.temperature
         )
         return GeneratedGroup(

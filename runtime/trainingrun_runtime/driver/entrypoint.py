@@ -24,7 +24,9 @@ import traceback
 
 import pydantic
 
-from trainingrun_runtime import config, events, fence, reporter, setup
+from trainingrun_runtime import config
+from trainingrun_runtime.driver import events, reporting, setup
+from trainingrun_runtime.storage import fence
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
 
@@ -33,7 +35,7 @@ EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 
-log = logging.getLogger("trainingrun_runtime.driver")
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of a local Ray (ignored with RAY_ADDRESS)")
     p.add_argument("--run-uid", default=None,
                    help="the TrainingRun's uid: with --attempt, claims the run directory (owner.json) against zombies")
-    p.add_argument("--progress-period", type=float, default=reporter.PROGRESS_PERIOD_S, metavar="SECONDS",
+    p.add_argument("--progress-period", type=float, default=reporting.PROGRESS_PERIOD_S, metavar="SECONDS",
                    help="at most one progress report (status.runtime.step) per this many seconds")
     return p
 
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     ev = events.EventLog(opts.event_log)
     ev.emit("driver_started", attempt=opts.attempt)
-    rep = reporter.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
+    rep = reporting.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
     try:
         built = setup.setup_single_controller(opts, ev)
     except fence.Superseded as e:
@@ -111,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         _close(built)
         return EXIT_FAILED
     rep.report(
-        reporter.RuntimeStatus(
-            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=reporter.rfc3339_now(),
+        reporting.RuntimeStatus(
+            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=reporting.rfc3339_now(),
             lastCheckpoint=result.last_checkpoint, restoreError=None, finished=True,
         )
     )
@@ -133,10 +135,10 @@ def _restore_errors() -> tuple[type[BaseException], ...]:
     return (PreflightError, DigestError)
 
 
-def _report_restore_error(rep: reporter.Reporter, opts: setup.DriverOptions, message: str) -> None:
+def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, message: str) -> None:
     rep.report(
-        reporter.RuntimeStatus(
-            attempt=opts.attempt, step=0, reward=None, updated=reporter.rfc3339_now(), lastCheckpoint=None,
+        reporting.RuntimeStatus(
+            attempt=opts.attempt, step=0, reward=None, updated=reporting.rfc3339_now(), lastCheckpoint=None,
             restoreError=message, finished=False,
         )
     )

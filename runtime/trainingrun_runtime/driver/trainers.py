@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
-from trainingrun_runtime import config, dataplane, trainer
+from trainingrun_runtime import config
+from trainingrun_runtime.dataplane import lifecycle
+from trainingrun_runtime.grpo import trainer
 
 __all__ = ["TQPolicy", "TrainerWorker"]
 
@@ -45,11 +47,11 @@ class TrainerWorker:
     def __init__(self, cfg: config.TrainerConfig) -> None:
         trainer.deterministic()
         self.trainer = trainer.Trainer(cfg)
-        self.client: dataplane.ConnectOnlyDataPlane | None = None
+        self.client: lifecycle.ConnectOnlyDataPlane | None = None
 
-    def attach(self, token: dataplane.DataPlaneToken) -> None:
+    def attach(self, token: lifecycle.DataPlaneToken) -> None:
         """Connect to TransferQueue with the token of the restore (or fresh start) decision."""
-        self.client = dataplane.ConnectOnlyDataPlane.connect(token)
+        self.client = lifecycle.ConnectOnlyDataPlane.connect(token)
 
     def train(self, partition: str, sample_ids: Sequence[str]) -> dict[str, float]:
         """Read the batch's rows (in the given order) and take one training step."""
@@ -92,7 +94,7 @@ class TQPolicy:
         import ray
 
         self.cfg = cfg
-        self.data_plane: dataplane.BootstrapDataPlane | None = dataplane.BootstrapDataPlane.start(
+        self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
             storage_units=storage_units
         )
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
@@ -102,12 +104,12 @@ class TQPolicy:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.
         return {**self.__dict__, "data_plane": None}
 
-    def _bootstrap(self) -> dataplane.BootstrapDataPlane:
+    def _bootstrap(self) -> lifecycle.BootstrapDataPlane:
         if self.data_plane is None:
             raise RuntimeError("the bootstrap data-plane client lives only in the driver's TQPolicy")
         return self.data_plane
 
-    def load_data_plane_checkpoint(self, directory: Path) -> dataplane.Restored:
+    def load_data_plane_checkpoint(self, directory: Path) -> lifecycle.Restored:
         """Restore TransferQueue from `directory` through the bootstrap client; attach the worker after."""
         import ray
 
@@ -115,7 +117,7 @@ class TQPolicy:
         ray.get(self.worker.attach.remote(restored.token))
         return restored
 
-    def start_fresh(self) -> dataplane.DataPlaneToken:
+    def start_fresh(self) -> lifecycle.DataPlaneToken:
         """Decide there is nothing to restore; attach the worker."""
         import ray
 
