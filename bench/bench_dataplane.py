@@ -7,9 +7,9 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
 - save:  a durable, hashed data-plane snapshot: `DataPlaneClient.snapshot` (the storage units plan
          their files and create them; background threads copy, hash and O_DIRECT-write the rows), the
          units' digests (waiting for those writes), then
-         every file fsynced and the others hashed (`bundle.sync_and_hash`, what the bundle commit
+         every file fsynced and the others hashed (`commit.sync_and_hash`, what the bundle commit
          does); against writing the same number of raw bytes to one file + fsync;
-- load:  a verified restore of the data plane: `bundle.verify` of the step (every checksum, every
+- load:  a verified restore of the data plane: `verification.verify` of the step (every checksum, every
          file read cold), then `BootstrapDataPlane.load_checkpoint` into a fresh TransferQueue;
          against a cold read of the same number of raw bytes (pages dropped with posix_fadvise);
 - checkpoint save/restore: the same with everything else the controller and the driver's setup do
@@ -67,7 +67,7 @@ import torch
 
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane import checkpointer
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import commit, layout, manifest, verification
 from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer
 from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane
 from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
@@ -265,7 +265,7 @@ def durable_snapshot(client: ConnectOnlyDataPlane, target: Path) -> float:
     written = time.perf_counter()
     digests = files.digests()
     hashed = time.perf_counter()
-    bundle.sync_and_hash(target, {rel: bundle.FileEntry(size=files.sizes[rel], sha256=digests[rel])
+    commit.sync_and_hash(target, {rel: manifest.FileEntry(size=files.sizes[rel], sha256=digests[rel])
                                   for rel in digests})  # fmt: skip
     done = time.perf_counter()
     PARTS.setdefault("save_write_s", []).append(written - started)
@@ -334,9 +334,9 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
                 ckpt_loads.append(time.perf_counter() - started)
             else:
                 # The data plane alone: every checksum of the step verified, then TransferQueue's load.
-                bundle.verify(step_dir)
+                verification.verify(step_dir)
                 verified = time.perf_counter()
-                token, _ = fresh.load_checkpoint(step_dir / bundle.DATA_PLANE)
+                token, _ = fresh.load_checkpoint(step_dir / layout.DATA_PLANE)
                 loads.append(time.perf_counter() - started)
                 PARTS.setdefault("load_verify_s", []).append(verified - started)
                 PARTS.setdefault("load_tq_s", []).append(time.perf_counter() - verified)

@@ -25,7 +25,7 @@ import torch
 from support import launcher
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.rollout import ledger
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import layout, manifest, verification
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -41,10 +41,10 @@ KILLS = [("trained", 3, 2), ("policy_saved", 4, 2), ("data_plane_saved", 6, 4), 
          ("renamed", 10, 10)]
 
 
-def _manifests(root: Path, run: str) -> dict[int, bundle.Manifest]:
+def _manifests(root: Path, run: str) -> dict[int, manifest.Manifest]:
     out = {}
     for path in sorted((root / run).glob("step_*")):
-        m = bundle.verify(path, run=run)
+        m = verification.verify(path, run=run)
         out[m.step] = m
     return out
 
@@ -81,7 +81,7 @@ def test_the_killed_run_ends_bit_identical_to_the_uninterrupted_one(runs: Path) 
 
 
 def test_the_ledger_shows_every_prompt_consumed_exactly_once_in_order(runs: Path) -> None:
-    sidecar = torch.load(runs / "killed" / f"step_{STEPS}" / bundle.REPLAY_METADATA, weights_only=True)
+    sidecar = torch.load(runs / "killed" / f"step_{STEPS}" / layout.REPLAY_METADATA, weights_only=True)
     book = ledger.Ledger()
     book.load_state_dict(sidecar["restart"]["ledger"])
     consumed = book.in_state(ledger.State.CONSUMED)
@@ -96,7 +96,7 @@ def test_checkpoints_carried_unfinished_prompts_across_the_kills(runs: Path) -> 
     # The resumes restored finished-but-untrained groups from TransferQueue and redispatched in-flight prompts.
     carried = 0
     for step in {resumed_from for _, _, resumed_from in KILLS}:
-        sidecar = torch.load(runs / "killed" / f"step_{step}" / bundle.REPLAY_METADATA, weights_only=True)
+        sidecar = torch.load(runs / "killed" / f"step_{step}" / layout.REPLAY_METADATA, weights_only=True)
         states = [r[2] for r in sidecar["restart"]["ledger"]["records"]]
         carried += sum(s in ("in_flight", "committed", "queued") for s in states)
         assert len(sidecar["replay"]["groups"]) == states.count("committed")

@@ -35,7 +35,7 @@ import torch
 
 from trainingrun_runtime import digest
 from trainingrun_runtime.dataplane import checkpointer, lifecycle
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import commit, files, layout
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer, SAVE_STAGES
 from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneClient, DataPlaneToken
@@ -270,13 +270,13 @@ def _flip(path: Path) -> None:
 
 def _forge_sidecar(step: Path) -> None:
     """A sidecar that is internally consistent and checksummed, but describes other groups than the manifest."""
-    sidecar = torch.load(step / bundle.REPLAY_METADATA, weights_only=True)
+    sidecar = torch.load(step / layout.REPLAY_METADATA, weights_only=True)
     sidecar["replay"]["groups"] = sidecar["replay"]["groups"][:-1]
     sidecar["replay"]["digest"] = digest.sha256_hex(sidecar["replay"]["groups"])
-    torch.save(sidecar, step / bundle.REPLAY_METADATA)
-    manifest = json.loads((step / bundle.MANIFEST).read_text())
-    manifest["files"][bundle.REPLAY_METADATA] = dict(bundle.hash_file(step / bundle.REPLAY_METADATA))
-    (step / bundle.MANIFEST).write_text(json.dumps(manifest, indent=2))
+    torch.save(sidecar, step / layout.REPLAY_METADATA)
+    manifest = json.loads((step / layout.MANIFEST).read_text())
+    manifest["files"][layout.REPLAY_METADATA] = dict(files.hash_file(step / layout.REPLAY_METADATA))
+    (step / layout.MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 CORRUPTIONS: dict[str, tuple[Any, str, int]] = {
@@ -307,12 +307,12 @@ CORRUPTIONS: dict[str, tuple[Any, str, int]] = {
         2,
     ),
     "manifest-missing": (
-        lambda s, r: (s / bundle.MANIFEST).unlink(),
+        lambda s, r: (s / layout.MANIFEST).unlink(),
         r"step_2/manifest\.json: missing \(the save never completed\)",
         1,
     ),
     "manifest-invalid-json": (
-        lambda s, r: (s / bundle.MANIFEST).write_text('{"format_version": 1, "step": 2,'),
+        lambda s, r: (s / layout.MANIFEST).write_text('{"format_version": 1, "step": 2,'),
         r"step_2/manifest\.json: not valid JSON",
         1,
     ),
@@ -340,7 +340,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_selection_falls_bac
 def test_checkpoints_exist_but_none_is_valid_is_an_error_not_a_fresh_start(template: Path, tmp_path: Path) -> None:
     shutil.copytree(template, tmp_path, dirs_exist_ok=True)
     for step in ("step_1", "step_2"):
-        (tmp_path / RUN / step / bundle.MANIFEST).unlink()
+        (tmp_path / RUN / step / layout.MANIFEST).unlink()
     with pytest.raises(CheckpointCorrupt, match="no valid checkpoint among 2"):
         checkpointer.select(tmp_path, RUN, config=MATRIX)
     assert checkpointer.select(tmp_path, "another-run", config=MATRIX) is None
@@ -376,7 +376,7 @@ def test_sigkill_between_any_two_save_steps_leaves_the_new_checkpoint_or_the_pre
         else:
             assert chosen.manifest.step == 1, stage
             assert not (run_dir / "step_2").exists(), stage
-        bundle.recover(run_dir)  # what the next save's begin() does
+        commit.recover(run_dir)  # what the next save's begin() does
         assert sorted(p.name for p in run_dir.iterdir()) == (["step_1", "step_2"] if stage in completes else ["step_1"])
 
 

@@ -22,7 +22,7 @@ import torch
 import transfer_queue
 
 from trainingrun_runtime.dataplane import lifecycle, storage_unit
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import files
 from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
     ConnectOnlyDataPlane,
@@ -304,7 +304,7 @@ def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_file
     units = sorted(rel for rel in pending.sizes if rel.startswith("simple_storage/su_"))
     assert sorted(digests) == units and len(units) == UNITS
     for rel, sha in digests.items():
-        assert bundle.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
+        assert files.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
     assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
     lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
     client.clear_groups("hashed", groups_of("h", 2, 4))

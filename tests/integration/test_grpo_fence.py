@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from support import launcher
-from trainingrun_runtime.storage import bundle, fence
+from trainingrun_runtime.storage import fence, layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -39,7 +39,7 @@ def wait_for_step(proc: launcher.DriverProcess, run_dir: Path, step: int, timeou
 
 
 def test_a_driver_stops_writing_once_a_newer_attempt_claims_the_run_directory(tmp_path: Path) -> None:
-    run_dir = bundle.run_dir(tmp_path, "fenced")
+    run_dir = layout.run_dir(tmp_path, "fenced")
     proc = launcher.start(run="fenced", attempt=1, root=tmp_path, config=CONFIG, run_uid="uid-1")
     try:
         wait_for_step(proc, run_dir, 4)
@@ -59,7 +59,7 @@ def test_a_driver_stops_writing_once_a_newer_attempt_claims_the_run_directory(tm
 
 
 def test_an_older_attempt_is_refused_at_start_and_touches_nothing(tmp_path: Path) -> None:
-    run_dir = bundle.run_dir(tmp_path, "late")
+    run_dir = layout.run_dir(tmp_path, "late")
     fence.claim(run_dir, "uid-1", 3)
     proc = launcher.start(run="late", attempt=2, root=tmp_path, config=CONFIG, run_uid="uid-1")
     assert proc.wait(120) == 1
@@ -69,7 +69,7 @@ def test_an_older_attempt_is_refused_at_start_and_touches_nothing(tmp_path: Path
 
 def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops(tmp_path: Path) -> None:
     """The local supervisor's status.json plays the operator here (the Kubernetes reporter reads the CR's status)."""
-    run_dir = bundle.run_dir(tmp_path, "pinned")
+    run_dir = layout.run_dir(tmp_path, "pinned")
     run_dir.mkdir(parents=True)
     status = {"attempt": {"number": 1, "start": "t"},
               "checkpoints": {"latest": {"step": 2, "path": str(run_dir / "step_2"), "attempt": 1, "time": "t"}}}

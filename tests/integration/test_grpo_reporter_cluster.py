@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from trainingrun_runtime import timestamps
 from trainingrun_runtime.driver import reporting
 
 pytestmark = pytest.mark.cluster
@@ -24,10 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _status(step: int) -> reporting.RuntimeStatus:
     return reporting.RuntimeStatus(
-        attempt=2, step=step, reward=0.75, updated=reporting.rfc3339_now(),
+        attempt=2, step=step, reward=0.75, updated=timestamps.now(),
         lastCheckpoint=reporting.CheckpointReport(
             step=step, path=f"/ckpt/tiny/step_{step}", attempt=2, replayDigest="ab" * 32,
-            weightsSha256="cd" * 32, time=reporting.rfc3339_now(),
+            weightsSha256="cd" * 32, time=timestamps.now(),
         ),
         restoreError=None, finished=False,
     )

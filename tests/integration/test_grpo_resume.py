@@ -19,7 +19,7 @@ import torch
 
 from support import launcher
 from trainingrun_runtime.driver import events
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import layout, verification
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -67,7 +67,7 @@ def test_a_pinned_step_that_does_not_exist_is_refused_with_exit_code_3(killed_af
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step_4: Path) -> None:
     root = killed_after_step_4
     step_4 = root / RUN / "step_4"
-    saved = bundle.verify(step_4)
+    saved = verification.verify(step_4)
     harmless = json.loads(json.dumps(CONFIG))
     harmless["trainer"]["logEvery"] = 3
     harmless["trainer"]["steps"] = 8
@@ -82,8 +82,8 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step
     assert order.index("tq_restored") < order.index("client_connected") < order.index("buffer_built")
     assert order.index("buffer_built") < order.index("index_restored") < order.index("pumps_started")
 
-    loader_state = torch.load(step_4 / bundle.TRAIN_DATALOADER, weights_only=True)
-    index_state = torch.load(step_4 / bundle.REPLAY_METADATA, weights_only=True)["replay"]
+    loader_state = torch.load(step_4 / layout.TRAIN_DATALOADER, weights_only=True)
+    index_state = torch.load(step_4 / layout.REPLAY_METADATA, weights_only=True)["replay"]
     assert by_name["checkpoint_selected"]["step"] == 4
     assert by_name["pumps_started"]["step"] == 4 == loader_state["sampler"]["step"]
     assert by_name["pumps_started"]["next_uid"] == loader_state["loader"]["next_uid"]
@@ -94,4 +94,4 @@ def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step
     status = json.loads((root / RUN / "attempts" / "3" / "runtime.json").read_text())
     assert status["finished"] is True and status["attempt"] == 3
     assert status["lastCheckpoint"]["step"] == 8
-    assert status["lastCheckpoint"]["weightsSha256"] == bundle.verify(root / RUN / "step_8").weights_sha256
+    assert status["lastCheckpoint"]["weightsSha256"] == verification.verify(root / RUN / "step_8").weights_sha256

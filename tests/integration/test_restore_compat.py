@@ -18,7 +18,7 @@ import torch
 
 from support import launcher
 from trainingrun_runtime.driver import events
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import layout, verification
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -28,9 +28,9 @@ RUN = "compat"
 
 def test_a_bundle_written_before_the_runtime_moved_restores_and_trains_on(tmp_path: Path) -> None:
     shutil.copytree(FIXTURE / RUN, tmp_path / RUN)
-    saved = bundle.verify(tmp_path / RUN / "step_2")
+    saved = verification.verify(tmp_path / RUN / "step_2")
     assert saved.format_version == 1
-    sidecar = torch.load(tmp_path / RUN / "step_2" / bundle.REPLAY_METADATA, weights_only=True)
+    sidecar = torch.load(tmp_path / RUN / "step_2" / layout.REPLAY_METADATA, weights_only=True)
     assert len(sidecar["replay"]["groups"]) == 4  # the fixture holds rows, so the storage units' files are read
     config = json.loads((FIXTURE / "config.json").read_text())
     config["trainer"]["steps"] = 4
@@ -46,4 +46,4 @@ def test_a_bundle_written_before_the_runtime_moved_restores_and_trains_on(tmp_pa
     assert by_name["index_restored"]["digest"] == saved.replay_digest
     assert by_name["pumps_started"]["step"] == 2
     assert by_name["finished"]["step"] == 4
-    assert bundle.verify(tmp_path / RUN / "step_4").step == 4
+    assert verification.verify(tmp_path / RUN / "step_4").step == 4

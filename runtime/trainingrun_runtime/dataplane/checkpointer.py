@@ -23,12 +23,12 @@ discarded and no `step_N` appears), and TransferQueue's own snapshot into
 
 `commit` waits for the storage units' digests of their files (written and hashed
 in the units after the window, `dataplane.PendingSnapshot.digests`), hands them to the bundle
-(`add_hashed`), then `bundle.PendingBundle.commit`: every file fsynced, every
+(`add_hashed`), then `commit.PendingBundle.commit`: every file fsynced, every
 other file hashed, the
 manifest (`replay_digest` = the index digest, `replay_mode` = "authoritative")
 written last, rename to `step_N`, parent fsynced. `save()` does all of it in one
 call. `on_stage(name)` is called after "begun", "data_plane_saved",
-"sidecar_written" and then after each of `bundle.COMMIT_STAGES` (crash tests kill
+"sidecar_written" and then after each of `commit.COMMIT_STAGES` (crash tests kill
 the writer there).
 
 Restore (on the driver at setup, before any connect-only client exists)::
@@ -41,9 +41,9 @@ Restore (on the driver at setup, before any connect-only client exists)::
     buffer = TQReplayBuffer(client, barrier, partition=..., group_size=..., capacity=...)
     await buffer.restore(r.replay_state, expected_digest=r.manifest.replay_digest)
 
-`select` (through `bundle.discover` and its `check` hook, so both share one listing of
+`select` (through `verification.discover` and its `check` hook, so both share one listing of
 candidates) picks the newest step whose every check passes *before* anything reaches
-TransferQueue's loader: manifest and checksums (`bundle.open_for_restore`), the
+TransferQueue's loader: manifest and checksums (`verification.open_verified`), the
 sidecar (safe load, preflight against the buffer config, digest equal to the
 manifest's), and `data_plane/` (its own sidecar of sizes, TQ version, unit count,
 and the digest TQ saved with it). A corrupt step is skipped with the reason, and
@@ -67,7 +67,7 @@ from typing import Any, Final
 import torch
 
 from trainingrun_runtime import digest
-from trainingrun_runtime.storage import bundle
+from trainingrun_runtime.storage import commit, layout, manifest, verification
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
@@ -98,7 +98,7 @@ log = logging.getLogger(__name__)
 REPLAY_MODE: Final = "authoritative"
 """The data plane is restored exactly (not regenerated): TQ's rows are the truth the index is checked against."""
 SIDECAR_FORMAT: Final = 1
-SAVE_STAGES: Final = ("begun", "data_plane_saved", "sidecar_written", *bundle.COMMIT_STAGES)
+SAVE_STAGES: Final = ("begun", "data_plane_saved", "sidecar_written", *commit.COMMIT_STAGES)
 """Every point of a save where `on_stage` is called, in order."""
 
 
@@ -125,7 +125,7 @@ class Snapshot:
 class PendingCheckpoint:
     """A save in progress in `tmp_step_N/`: `snapshot()` once, then `commit()`; `abort()` discards it."""
 
-    def __init__(self, saver: DataPlaneCheckpointer, pending: bundle.PendingBundle) -> None:
+    def __init__(self, saver: DataPlaneCheckpointer, pending: commit.PendingBundle) -> None:
         self._saver = saver
         self._pending = pending
         self.step = pending.step
@@ -157,13 +157,13 @@ class PendingCheckpoint:
                 }
                 started = time.monotonic()
                 check_s = started - entered
-                written = await run_blocking(lambda: s.dataplane.snapshot(self.path / bundle.DATA_PLANE, meta))
+                written = await run_blocking(lambda: s.dataplane.snapshot(self.path / layout.DATA_PLANE, meta))
                 snapshot_s = time.monotonic() - started
             self._written = written
             hold_s = time.monotonic() - requested
             s.stage("data_plane_saved")
             sidecar = {"format": SIDECAR_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
-            torch.save(sidecar, self.path / bundle.REPLAY_METADATA)
+            torch.save(sidecar, self.path / layout.REPLAY_METADATA)
             s.stage("sidecar_written")
         except BaseException:
             self.abort()
@@ -203,7 +203,7 @@ class PendingCheckpoint:
         assert written is not None
         try:
             self._pending.add_hashed({
-                f"{bundle.DATA_PLANE}/{rel}": bundle.FileEntry(size=written.sizes[rel], sha256=sha)
+                f"{layout.DATA_PLANE}/{rel}": manifest.FileEntry(size=written.sizes[rel], sha256=sha)
                 for rel, sha in written.digests().items()
             })  # fmt: skip
         except BaseException:
@@ -241,7 +241,7 @@ class DataPlaneCheckpointer:
         self.buffer = buffer
         self.barrier = barrier
         self._on_stage = on_stage
-        self._writer = bundle.BundleWriter(root, run, on_stage=on_stage)
+        self._writer = commit.BundleWriter(root, run, on_stage=on_stage)
 
     def stage(self, name: str) -> None:
         """Report a save stage to `on_stage` (crash-test hook)."""
@@ -291,13 +291,13 @@ def _check_inventory(indexed: set[str], stored: list[str], step: int) -> None:
 class Selection:
     """A checkpoint that passed every check, with its decoded sidecar; nothing was loaded yet."""
 
-    verified: bundle.RestoreBundle
+    verified: verification.VerifiedBundle
     replay_state: Mapping[str, Any]
     restart: Mapping[str, Any]
     skipped: list[tuple[Path, str]]
 
     @property
-    def manifest(self) -> bundle.Manifest:
+    def manifest(self) -> manifest.Manifest:
         """The verified manifest."""
         return self.verified.manifest
 
@@ -308,7 +308,7 @@ class Restore:
 
     token: DataPlaneToken
     path: Path
-    manifest: bundle.Manifest
+    manifest: manifest.Manifest
     replay_state: Mapping[str, Any]
     """For `TQReplayBuffer.restore(replay_state, expected_digest=manifest.replay_digest)`."""
     restart: Mapping[str, Any]
@@ -331,17 +331,17 @@ def read_sidecar(path: Path) -> dict[str, Any]:
 
 
 def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: int | None) -> Selection:
-    return _check_verified(bundle.open_for_restore(candidate, run=run), run, config, storage_units)
+    return _check_verified(verification.open_verified(candidate, run=run), run, config, storage_units)
 
 
 def _check_verified(
-    opened: bundle.RestoreBundle, run: str, config: ReplayConfig, storage_units: int | None
+    opened: verification.VerifiedBundle, run: str, config: ReplayConfig, storage_units: int | None
 ) -> Selection:
     """Every restore check beyond the checksums (which `opened` passed): sidecar, preflight, data-plane dir."""
     candidate = opened.path
     manifest = opened.manifest
     if manifest.replay_mode != REPLAY_MODE:
-        raise CheckpointCorrupt(f"{candidate / bundle.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
+        raise CheckpointCorrupt(f"{candidate / layout.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
     sidecar_path = opened.replay_metadata
     sidecar = read_sidecar(sidecar_path)
     if sidecar.get("step") != manifest.step or sidecar.get("run") != run:
@@ -382,15 +382,15 @@ def select(
     None when the run has no checkpoint directory at all (leftover `tmp_step_N` only counts as
     nothing). CheckpointCorrupt when checkpoints exist but none is valid, or the pinned one is not.
     """
-    run_path = bundle.run_dir(root, run)
+    run_path = layout.run_dir(root, run)
     if not run_path.is_dir():
         return None
     if step is not None:
-        pinned = run_path / bundle.step_dirname(step)
+        pinned = run_path / layout.step_dirname(step)
         if not pinned.is_dir():
             raise CheckpointCorrupt(f"{pinned}: the pinned checkpoint does not exist")
         return _validate(pinned, run, config, storage_units)
-    found = bundle.discover(
+    found = verification.discover(
         root, run, check=lambda opened: _check_verified(opened, run, config, storage_units), skip_on=(DigestError,)
     )
     if isinstance(found.checked, Selection):

@@ -547,7 +547,7 @@ class BootstrapDataPlane(DataPlaneClient):
         Refused (RestoreRefused) once anything went through this client, a failed load
         included, and when TransferQueue's global state is not pristine. The snapshot's
         files are checked against its sidecar (sizes, TQ version, unit count) before TQ's
-        loader sees them; checksums are the caller's job (`bundle.open_for_restore`).
+        loader sees them; checksums are the caller's job (`verification.open_verified`).
         """
         self._claim_decision("load_checkpoint")
         path = Path(directory).absolute()

@@ -60,12 +60,12 @@ from typing import Any
 
 import torch
 
-from trainingrun_runtime import config
+from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.dataplane import checkpointer, lifecycle
 from trainingrun_runtime.driver import crashpoints, events, reporting, trainers
 from trainingrun_runtime.grpo import objective, task, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.storage import bundle, fence
+from trainingrun_runtime.storage import fence, layout, retention
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.errors import InventoryMismatch, PreflightError
 from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
@@ -343,7 +343,7 @@ class SingleController:
         self._saving_step = step
         pending = await asyncio.to_thread(self.saver.begin, step)
         try:
-            weights_sha = await a.policy.save(pending.path / bundle.POLICY)
+            weights_sha = await a.policy.save(pending.path / layout.POLICY)
             a.crash.reach("policy_saved", step)
             # One exclusive barrier cut: index + _capture() + inventory check + TransferQueue snapshot.
             snap = await pending.snapshot(capture=self._capture)
@@ -365,7 +365,7 @@ class SingleController:
         a = self.args
         try:
             loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
-            await asyncio.to_thread(torch.save, loader_state, pending.path / bundle.TRAIN_DATALOADER)
+            await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
             extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
             self._fence(f"rename tmp_step_{step}")
             path = await asyncio.to_thread(
@@ -376,7 +376,7 @@ class SingleController:
             raise
         self.last_checkpoint = reporting.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, time=reporting.rfc3339_now(),
+            weightsSha256=sha, time=timestamps.now(),
         )
         self.exclusive_s.append(snap.exclusive_s)
         a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
@@ -406,13 +406,13 @@ class SingleController:
         protect = () if view.pinned is None else (view.pinned,)
         self._fence("apply retention")  # it could delete the step a newer attempt restored from
         await asyncio.to_thread(
-            lambda: bundle.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
+            lambda: retention.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
         )
 
     def _fence(self, doing: str) -> None:
         """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""
         a = self.args
-        fence.check(bundle.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
+        fence.check(layout.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
 
     async def _finish_commit(self) -> None:
         """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""
@@ -430,7 +430,7 @@ class SingleController:
     def status(self, step: int, reward: float | None, *, finished: bool) -> reporting.RuntimeStatus:
         """`status.runtime` as of now."""
         return reporting.RuntimeStatus(
-            attempt=self.args.attempt, step=step, reward=reward, updated=reporting.rfc3339_now(),
+            attempt=self.args.attempt, step=step, reward=reward, updated=timestamps.now(),
             lastCheckpoint=self.last_checkpoint, restoreError=None, finished=finished,
         )
 

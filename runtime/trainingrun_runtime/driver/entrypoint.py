@@ -24,7 +24,7 @@ import traceback
 
 import pydantic
 
-from trainingrun_runtime import config
+from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import events, reporting, setup
 from trainingrun_runtime.storage import fence
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     rep.report(
         reporting.RuntimeStatus(
-            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=reporting.rfc3339_now(),
+            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=timestamps.now(),
             lastCheckpoint=result.last_checkpoint, restoreError=None, finished=True,
         )
     )
@@ -138,7 +138,7 @@ def _restore_errors() -> tuple[type[BaseException], ...]:
 def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, message: str) -> None:
     rep.report(
         reporting.RuntimeStatus(
-            attempt=opts.attempt, step=0, reward=None, updated=reporting.rfc3339_now(), lastCheckpoint=None,
+            attempt=opts.attempt, step=0, reward=None, updated=timestamps.now(), lastCheckpoint=None,
             restoreError=message, finished=False,
         )
     )

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import json
 import logging
 import os
@@ -35,6 +34,8 @@ import time
 from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict
+
+from trainingrun_runtime.storage import files
 
 __all__ = [
     "CheckpointReport",
@@ -46,7 +47,6 @@ __all__ = [
     "Reporter",
     "RuntimeStatus",
     "build",
-    "rfc3339_now",
 ]
 
 log = logging.getLogger(__name__)
@@ -126,12 +126,6 @@ class Reporter(Protocol):
         ...
 
 
-def rfc3339_now() -> str:
-    """The current UTC time as RFC 3339 with milliseconds and a Z."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class FileReporter:
     """Writes `<root>/<run>/attempts/<attempt>/runtime.json` atomically (tmp, fsync, rename, fsync dir)."""
 
@@ -152,17 +146,7 @@ class FileReporter:
 
     def report(self, status: RuntimeStatus) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(status, f, indent=2, sort_keys=True, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        files.replace_synced(self.path, json.dumps(status, indent=2, sort_keys=True, allow_nan=False).encode())
 
 
 class KubernetesReporter:

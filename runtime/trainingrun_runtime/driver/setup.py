@@ -36,7 +36,7 @@ from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.driver import controller, crashpoints, events, generation_workers, reporting, trainers
 from trainingrun_runtime.grpo import task, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.storage import bundle, fence
+from trainingrun_runtime.storage import fence, layout, manifest
 from trainingrun_runtime.errors import CheckpointCorrupt, ConfigMismatch, TrainingRunError
 
 __all__ = ["DriverOptions", "RestoreFailed", "Setup", "check_config", "select_checkpoint", "setup_single_controller"]
@@ -101,7 +101,7 @@ def select_checkpoint(root: str, run: str, resume: str, cfg: config.TrainerConfi
     return chosen
 
 
-def check_config(manifest: bundle.Manifest, cfg: config.RuntimeConfig) -> None:
+def check_config(manifest: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
     """Refuse (ConfigMismatch) a checkpoint written under different math; harmless fields never refuse."""
     current = config.config_hash(cfg)
     if manifest.config_hash == current:
@@ -134,7 +134,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     tcfg = opts.config.trainer
     # Before anything reads or writes checkpoints: this attempt owns the run directory from now on; a driver of
     # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
-    fence.claim(bundle.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
+    fence.claim(layout.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
     ev.emit("run_dir_claimed", attempt=opts.attempt)
     try:
         chosen = select_checkpoint(opts.root, opts.run, opts.resume, tcfg)
@@ -166,11 +166,11 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
             restored = the_policy.load_data_plane_checkpoint(verified.data_plane)
             token, restored_metadata = restored.token, restored.metadata
             ev.emit("tq_restored", step=m.step)
-            sha = the_policy.load(verified.file(f"{bundle.POLICY}/{trainer.MODEL_FILE}").parent)
+            sha = the_policy.load(verified.file(f"{layout.POLICY}/{trainer.MODEL_FILE}").parent)
             if sha != m.weights_sha256:
                 raise CheckpointCorrupt(f"{verified.path}: loaded weights hash {sha}, the manifest says {m.weights_sha256}")
             ev.emit("policy_loaded", step=m.step)
-            state = torch.load(verified.file(bundle.TRAIN_DATALOADER), weights_only=True)
+            state = torch.load(verified.file(layout.TRAIN_DATALOADER), weights_only=True)
             the_loader.load_state_dict(state["loader"])
             the_sampler.load_state_dict(state["sampler"])
             the_ledger.load_state_dict(dict(chosen.restart["ledger"]))

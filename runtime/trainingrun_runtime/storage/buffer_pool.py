@@ -2,7 +2,7 @@
 
 New memory is faulted in page by page when first touched (and on some VMs each page comes from the
 host, which cost as much as the disk); a checkpoint hashes and writes through the same few buffers
-every time. Used by `bundle.hash_file` (read buffers) and `column_file.write` (staging buffers).
+every time. Used by `files.hash_file` (read buffers) and `column_file.write` (staging buffers).
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ Pure standard library.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import socket
 from pathlib import Path
 
+from trainingrun_runtime import timestamps
 from trainingrun_runtime.errors import TrainingRunError
+from trainingrun_runtime.storage import files
 
 __all__ = ["OWNER_FILE", "Owner", "Superseded", "check", "claim", "owner"]
 
@@ -108,18 +109,8 @@ def claim(run_dir: str | os.PathLike[str], run_uid: str | None, attempt: int) ->
     record = {
         "runUid": run_uid,
         "attempt": attempt,
-        "claimed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        "claimed": timestamps.now(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
     }
-    tmp = directory / f".{OWNER_FILE}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / OWNER_FILE)
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    files.replace_synced(directory / OWNER_FILE, json.dumps(record).encode())

@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime.storage import bundle
-from trainingrun_runtime.storage.bundle import (
-    DATA_PLANE,
-    MANIFEST,
-    REPLAY_METADATA,
-    BundleWriter,
-    Manifest,
-    discover,
-    open_for_restore,
-    verify,
-)
+from trainingrun_runtime.storage import commit, files, layout, manifest, verification
+from trainingrun_runtime.storage.commit import BundleWriter
+from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
+from trainingrun_runtime.storage.manifest import Manifest
+from trainingrun_runtime.storage.verification import discover, open_verified, verify
 from trainingrun_runtime.digest import sha256_hex
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
 
@@ -65,7 +59,7 @@ def save(
 
 def sample_manifest() -> Manifest:
     return Manifest(
-        format_version=bundle.FORMAT_VERSION,
+        format_version=manifest.FORMAT_VERSION,
         run=RUN,
         step=3,
         attempt=2,
@@ -129,11 +123,11 @@ def test_commit_lists_every_file_with_size_and_sha256_and_renames(tmp_path: Path
     assert path == tmp_path / RUN / "step_4"
     assert not (tmp_path / RUN / "tmp_step_4").exists()
     m = verify(path)
-    files = contents(4)
-    assert set(m.files) == set(files)
-    for rel, data in files.items():
+    written = contents(4)
+    assert set(m.files) == set(written)
+    for rel, data in written.items():
         assert m.files[rel]["size"] == len(data)
-    assert m.files[REPLAY_METADATA]["sha256"] == bundle.hash_file(path / REPLAY_METADATA)["sha256"]
+    assert m.files[REPLAY_METADATA]["sha256"] == files.hash_file(path / REPLAY_METADATA)["sha256"]
     assert (m.run, m.step, m.attempt, m.replay_mode) == (RUN, 4, 1, "authoritative")
     assert m.created == "2025-01-02T03:04:05.678Z"
     assert m.extra == {"loader": {"epoch": 0, "index": 4}}
@@ -156,7 +150,7 @@ def test_the_manifest_is_written_last_and_the_rename_comes_after_it(tmp_path: Pa
         ("parent_synced", False, True),
         ("old_removed", False, True),
     ]
-    assert [s for s, _, _ in seen] == list(bundle.COMMIT_STAGES)
+    assert [s for s, _, _ in seen] == list(commit.COMMIT_STAGES)
 
 
 def test_begin_removes_leftover_tmp_dirs_of_crashed_saves(tmp_path: Path) -> None:
@@ -219,8 +213,8 @@ def test_an_interrupted_resave_keeps_the_previous_step_discoverable_and_begin_re
     os.rename(run / "step_2", run / "old_step_2")
     (run / "tmp_step_2").mkdir()
     d = discover(tmp_path, RUN)
-    assert d.latest is not None and d.latest.step == 2
-    assert d.latest_path == run / "old_step_2"
+    assert d.chosen is not None and d.chosen.manifest.step == 2
+    assert d.chosen.path == run / "old_step_2"
     BundleWriter(tmp_path, RUN).begin(3).abort()
     assert sorted(os.listdir(run)) == ["step_1", "step_2"]
     assert verify(run / "step_2").step == 2
@@ -231,7 +225,7 @@ def test_an_old_dir_next_to_its_step_is_a_leftover_and_is_skipped(tmp_path: Path
     run = tmp_path / RUN
     (run / "old_step_2").mkdir()
     d = discover(tmp_path, RUN)
-    assert d.latest_path == run / "step_2"
+    assert d.chosen is not None and d.chosen.path == run / "step_2"
     assert (run / "old_step_2", "leftover of a re-save (step_N exists)") in d.skipped
     BundleWriter(tmp_path, RUN).begin(3).abort()
     assert sorted(os.listdir(run)) == ["step_2"]
@@ -241,15 +235,15 @@ def test_run_names_and_steps_are_checked() -> None:
     with pytest.raises(ValueError, match="single path component"):
         BundleWriter("/tmp", "../escape")
     with pytest.raises(ValueError, match="non-negative int"):
-        bundle.step_dirname(-1)
+        layout.step_dirname(-1)
 
 
-# -- verify, open_for_restore, discovery -----------------------------------------------------------------
+# -- verify, open_verified, discovery -----------------------------------------------------------------
 
 
 def test_open_for_restore_returns_only_listed_files(tmp_path: Path) -> None:
     path = save(tmp_path, 3)
-    b = open_for_restore(path)
+    b = open_verified(path)
     assert b.manifest.step == 3
     assert b.replay_metadata == path / REPLAY_METADATA
     assert b.data_plane == path / DATA_PLANE
@@ -261,12 +255,12 @@ def test_open_for_restore_returns_only_listed_files(tmp_path: Path) -> None:
 def test_a_checkpoint_without_data_plane_files_cannot_hand_out_a_data_plane(tmp_path: Path) -> None:
     path = save(tmp_path, 3, {REPLAY_METADATA: b"i"})
     with pytest.raises(CheckpointCorrupt, match="data_plane: missing"):
-        _ = open_for_restore(path).data_plane
+        _ = open_verified(path).data_plane
 
 
 def test_discovery_of_a_run_without_checkpoints_finds_nothing(tmp_path: Path) -> None:
     d = discover(tmp_path, RUN)
-    assert d.latest is None and d.latest_path is None and d.skipped == [] and d.bundle is None
+    assert d.chosen is None and d.skipped == []
 
 
 def test_discovery_picks_the_newest_valid_step_numerically_and_ignores_other_entries(tmp_path: Path) -> None:
@@ -276,10 +270,9 @@ def test_discovery_picks_the_newest_valid_step_numerically_and_ignores_other_ent
     (run / "attempts" / "1").mkdir(parents=True)
     (run / "status.json").write_text("{}")
     d = discover(tmp_path, RUN)
-    assert d.latest is not None and d.latest.step == 10
-    assert d.latest_path == run / "step_10"
+    assert d.chosen is not None and d.chosen.manifest.step == 10
+    assert d.chosen.path == run / "step_10"
     assert d.skipped == []
-    assert d.bundle is not None and d.bundle.manifest == d.latest
 
 
 def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_on_its_refusal(
@@ -289,7 +282,7 @@ def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_
         save(tmp_path, step)
     seen: list[int] = []
 
-    def check(opened: bundle.RestoreBundle) -> str:
+    def check(opened: verification.VerifiedBundle) -> str:
         seen.append(opened.manifest.step)
         if opened.manifest.step == 3:
             raise CheckpointCorrupt(f"{opened.path}: refused by the caller")
@@ -298,7 +291,7 @@ def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_
         return f"selected {opened.path.name}"
 
     d = discover(tmp_path, RUN, check=check, skip_on=(DigestError,))
-    assert seen == [3, 2, 1] and d.checked == "selected step_1" and d.latest is not None and d.latest.step == 1
+    assert seen == [3, 2, 1] and d.checked == "selected step_1" and d.chosen is not None and d.chosen.manifest.step == 1
     assert [why for _, why in d.skipped] == [f"{tmp_path / RUN / 'step_3'}: refused by the caller",
                                              f"{tmp_path / RUN / 'step_2'}: digest differs"]  # fmt: skip
     assert d.candidates == 3
@@ -307,7 +300,7 @@ def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_
 def test_a_check_error_that_older_steps_would_share_propagates_from_discovery(tmp_path: Path) -> None:
     save(tmp_path, 1)
 
-    def check(opened: bundle.RestoreBundle) -> None:
+    def check(opened: verification.VerifiedBundle) -> None:
         raise ValueError("partition differs from the configured one")
 
     with pytest.raises(ValueError, match="partition differs"):
@@ -386,11 +379,11 @@ def test_a_corrupt_checkpoint_is_refused_naming_file_and_problem_and_discovery_f
     newest = save(tmp_path, 2)
     expected = corrupt(newest)
     with pytest.raises(CheckpointCorrupt) as info:
-        open_for_restore(newest)
+        open_verified(newest)
     assert str(info.value).startswith(expected), str(info.value)
     d = discover(tmp_path, RUN)
-    assert d.latest is not None and d.latest.step == 1
-    assert d.latest_path == tmp_path / RUN / "step_1"
+    assert d.chosen is not None and d.chosen.manifest.step == 1
+    assert d.chosen.path == tmp_path / RUN / "step_1"
     assert d.skipped == [(newest, str(info.value))]
 
 
@@ -403,7 +396,7 @@ def test_a_leftover_tmp_step_is_never_a_checkpoint_and_discovery_says_why(tmp_pa
     with pytest.raises(CheckpointCorrupt, match="directory name is not step_N"):
         verify(run / "tmp_step_2")
     d = discover(tmp_path, RUN)
-    assert d.latest is not None and d.latest.step == 1
+    assert d.chosen is not None and d.chosen.manifest.step == 1
     assert d.skipped == [(run / "tmp_step_2", "incomplete save (tmp_ directory never renamed)")]
 
 
@@ -415,20 +408,20 @@ def test_a_checkpoint_copied_under_another_run_is_refused(tmp_path: Path) -> Non
     with pytest.raises(CheckpointCorrupt, match="run is 'demo', expected 'other-run'"):
         verify(other / "step_1")
     assert verify(other / "step_1", run=RUN).step == 1
-    assert discover(tmp_path, "other-run").latest is None
+    assert discover(tmp_path, "other-run").chosen is None
 
 
 def test_hash_file_reads_large_files_in_chunks(tmp_path: Path) -> None:
-    data = os.urandom(bundle.CHUNK * 2 + 12345)
+    data = os.urandom(files.CHUNK * 2 + 12345)
     p = tmp_path / "big"
     p.write_bytes(data)
-    assert bundle.hash_file(p) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert files.hash_file(p) == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-@pytest.mark.parametrize("size", [0, 1, 4096, bundle.CHUNK - 1, bundle.CHUNK])
+@pytest.mark.parametrize("size", [0, 1, 4096, files.CHUNK - 1, files.CHUNK])
 def test_hash_file_gives_size_and_sha256_of_small_and_boundary_sized_files(tmp_path: Path, size: int) -> None:
     data = os.urandom(size)
     p = tmp_path / "f"
     p.write_bytes(data)
-    assert bundle.hash_file(p) == {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
-    assert bundle.hash_file(p) == bundle.hash_file(p)  # a reused buffer carries nothing over
+    assert files.hash_file(p) == {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
+    assert files.hash_file(p) == files.hash_file(p)  # a reused buffer carries nothing over

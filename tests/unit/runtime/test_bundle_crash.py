@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import trainingrun_runtime
-from trainingrun_runtime.storage.bundle import COMMIT_STAGES, BundleWriter, discover, verify
+from trainingrun_runtime.storage.commit import BundleWriter, COMMIT_STAGES
+from trainingrun_runtime.storage.verification import discover, verify
 
 RUN = "demo"
 PACKAGE_ROOT = str(Path(trainingrun_runtime.__file__).resolve().parent.parent)
@@ -30,7 +31,7 @@ PACKAGE_ROOT = str(Path(trainingrun_runtime.__file__).resolve().parent.parent)
 SAVER = textwrap.dedent(
     """
     import os, signal, sys
-    from trainingrun_runtime.storage.bundle import BundleWriter
+    from trainingrun_runtime.storage.commit import BundleWriter
 
     root, step, attempt, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 
@@ -98,16 +99,16 @@ def test_a_save_killed_at_any_stage_leaves_the_new_checkpoint_complete_or_the_pr
     seed(root, 1, attempt=1)
     assert run_saver(root, 2, attempt=2, kill_at=kill_at) == -signal.SIGKILL
     d = discover(root, RUN)
-    assert d.latest is not None and d.latest_path is not None
+    assert d.chosen is not None
     renamed = kill_at in COMMIT_STAGES[COMMIT_STAGES.index("renamed") :]
     if renamed:
-        assert (d.latest.step, d.latest.attempt) == (2, 2)
+        assert (d.chosen.manifest.step, d.chosen.manifest.attempt) == (2, 2)
     else:
-        assert (d.latest.step, d.latest.attempt) == (1, 1)
+        assert (d.chosen.manifest.step, d.chosen.manifest.attempt) == (1, 1)
     assert_clean_after_next_begin(root)
     again = discover(root, RUN)
-    assert again.latest == d.latest
-    assert verify(root / RUN / f"step_{d.latest.step}") == d.latest
+    assert again.chosen is not None and again.chosen.manifest == d.chosen.manifest
+    assert verify(root / RUN / f"step_{d.chosen.manifest.step}") == d.chosen.manifest
 
 
 @pytest.mark.parametrize("kill_at", KILL_POINTS)
@@ -118,11 +119,11 @@ def test_a_resave_killed_at_any_stage_leaves_the_new_checkpoint_complete_or_the_
     seed(root, 2, attempt=1)
     assert run_saver(root, 2, attempt=2, kill_at=kill_at) == -signal.SIGKILL
     d = discover(root, RUN)
-    assert d.latest is not None
-    assert d.latest.step == 2
+    assert d.chosen is not None
+    assert d.chosen.manifest.step == 2
     renamed = kill_at in COMMIT_STAGES[COMMIT_STAGES.index("renamed") :]
-    assert d.latest.attempt == (2 if renamed else 1)
+    assert d.chosen.manifest.attempt == (2 if renamed else 1)
     assert_clean_after_next_begin(root)
     again = discover(root, RUN)
-    assert again.latest == d.latest
-    assert again.latest_path == root / RUN / "step_2"
+    assert again.chosen is not None and again.chosen.manifest == d.chosen.manifest
+    assert again.chosen.path == root / RUN / "step_2"

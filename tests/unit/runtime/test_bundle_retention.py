@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime.storage.bundle import MANIFEST, BundleWriter, apply_retention, discover
+from trainingrun_runtime.storage.commit import BundleWriter
+from trainingrun_runtime.storage.layout import MANIFEST
+from trainingrun_runtime.storage.retention import apply_retention
+from trainingrun_runtime.storage.verification import discover
 
 RUN = "demo"
 
@@ -79,7 +82,7 @@ def test_a_corrupt_newest_step_is_kept_and_does_not_count_so_the_newest_valid_su
     apply_retention(root, RUN, keep_last=1)
     assert steps_on_disk(root) == [5, 6]
     d = discover(root, RUN)
-    assert d.latest is not None and d.latest.step == 5
+    assert d.chosen is not None and d.chosen.manifest.step == 5
 
 
 def test_invalid_steps_older_than_the_newest_valid_are_deleted(root: Path) -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainingrun_runtime import config
+from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import generation_workers, reporting
 from trainingrun_runtime.grpo import trainer
 
 
 def _status(step: int) -> reporting.RuntimeStatus:
     return reporting.RuntimeStatus(
-        attempt=2, step=step, reward=0.5, updated=reporting.rfc3339_now(),
+        attempt=2, step=step, reward=0.5, updated=timestamps.now(),
         lastCheckpoint=reporting.CheckpointReport(
             step=step, path=f"/r/run/step_{step}", attempt=2, replayDigest="d", weightsSha256="w", time="t"
         ),

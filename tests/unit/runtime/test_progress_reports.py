@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainingrun_runtime import timestamps
 from trainingrun_runtime.driver import reporting
 
 
@@ -41,7 +42,7 @@ class Training:
         last = None if self.checkpoint is None else reporting.CheckpointReport(
             step=self.checkpoint, path=f"/c/run/step_{self.checkpoint}", attempt=1, replayDigest="d",
             weightsSha256="w", time="t")
-        return reporting.RuntimeStatus(attempt=1, step=self.step, reward=None, updated=reporting.rfc3339_now(),
+        return reporting.RuntimeStatus(attempt=1, step=self.step, reward=None, updated=timestamps.now(),
                                       lastCheckpoint=last, restoreError=None, finished=False)
 
 

@@ -1,0 +1,98 @@
+"""Retention: keep the newest `keep_last` checkpoints, every `keep_every`-th and the protected ones; delete the rest.
+
+The newest valid checkpoint is never deleted, whatever the arguments. Deleting renames `step_N` to `del_step_N`
+first, so a crash mid-delete never leaves a partial `step_N`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import files, layout, verification
+
+__all__ = ["RetentionResult", "apply_retention"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetentionResult:
+    """What `apply_retention` kept and deleted (paths of step_N directories, oldest first)."""
+
+    kept: list[Path]
+    deleted: list[Path]
+
+
+def apply_retention(
+    root: str | os.PathLike[str],
+    run: str,
+    keep_last: int,
+    keep_every: int | None = None,
+    *,
+    verified: str | os.PathLike[str] | None = None,
+    protect: Collection[int] = (),
+) -> RetentionResult:
+    """Keep the newest `keep_last` valid checkpoints and every step divisible by `keep_every`; delete the rest.
+
+    Steps in `protect` are kept too (the driver passes the step the operator would resume from).
+
+    The newest valid checkpoint is found like `discover` does (full checksums, newest first),
+    except that the step directory passed as `verified` (the path `commit()` just returned,
+    hashed moments ago) is trusted without re-reading it. Older checkpoints are classified by
+    the cheap check (`verification.looks_valid`). Invalid step directories newer than the newest
+    valid one are kept (evidence; discovery skips them); invalid ones older than it can never be
+    chosen and are deleted. Only `step_N` directories are considered.
+    """
+    if type(keep_last) is not int or keep_last < 0:
+        raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
+    if keep_every is not None and (type(keep_every) is not int or keep_every < 1):
+        raise ValueError(f"keep_every must be None or an int >= 1, got {keep_every!r}")
+    run_path = layout.run_dir(root, run)
+    if not run_path.is_dir():
+        return RetentionResult(kept=[], deleted=[])
+    steps = sorted(((s, run_path / n) for n in os.listdir(run_path) if (s := layout.step_of(n)) is not None), reverse=True)
+    newest = _newest_valid(steps, run, None if verified is None else Path(verified).resolve())
+    if newest is None:
+        return RetentionResult(kept=[p for _, p in reversed(steps)], deleted=[])
+    valid = [s for s, p in steps if s == newest or (s < newest and verification.looks_valid(p, run))]
+    keep = set(valid[: max(keep_last, 1)]) | set(protect)
+    if keep_every is not None:
+        keep |= {s for s in valid if s % keep_every == 0}
+    doomed = [(s, p) for s, p in reversed(steps) if s not in keep and s < newest]
+    _delete(run_path, doomed)
+    gone = {s for s, _ in doomed}
+    return RetentionResult(kept=[p for s, p in reversed(steps) if s not in gone], deleted=[p for _, p in doomed])
+
+
+def _newest_valid(steps: list[tuple[int, Path]], run: str, trusted: Path | None) -> int | None:
+    """The newest step (of `steps`, newest first) that verifies in full, or is the `trusted` one."""
+    for s, p in steps:
+        if p.resolve() == trusted:
+            return s
+        try:
+            verification.verify(p, run=run)
+        except CheckpointCorrupt as e:
+            log.warning("retention: %s is not a valid checkpoint: %s", p, e)
+            continue
+        return s
+    return None
+
+
+def _delete(run_path: Path, doomed: list[tuple[int, Path]]) -> None:
+    """Rename each to `del_step_N`, fsync the run directory, then remove them."""
+    if not doomed:
+        return
+    for s, p in doomed:
+        trash = run_path / f"{layout.DEL_PREFIX}{s}"
+        if trash.exists():
+            files.remove_tree(trash)
+        os.rename(p, trash)
+    files.fsync_dir(run_path)
+    for s, _ in doomed:
+        files.remove_tree(run_path / f"{layout.DEL_PREFIX}{s}")
+    log.info("retention in %s: deleted %s", run_path, [p.name for _, p in doomed])

@@ -1,0 +1,165 @@
+"""Reading a bundle: verify every checksum before anything reads a file, and find the newest step that verifies.
+
+    verified = open_verified(step_dir, run=run)   # a VerifiedBundle: the only sanctioned way to read a checkpoint
+    verified.file("policy/model.pt"), verified.data_plane, verified.replay_metadata
+    found = discover(root, run, check=...)        # newest first; a step that fails is skipped with the reason
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import files, layout
+from trainingrun_runtime.storage.manifest import Manifest
+
+__all__ = ["Discovery", "VerifiedBundle", "discover", "looks_valid", "open_verified", "verify"]
+
+log = logging.getLogger(__name__)
+
+_HASH_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
+
+
+def verify(step_dir: str | os.PathLike[str], *, run: str | None = None) -> Manifest:
+    """Verify a checkpoint and return its manifest; raise CheckpointCorrupt naming the file and the problem.
+
+    Checks: manifest.json present, valid JSON, every required key with the right type,
+    supported format_version; its step equals N of `step_N` (or `old_step_N`) and its run
+    equals `run` (default: the parent directory's name); every listed file present, a
+    regular file, of the listed size ("truncated" when shorter) and SHA-256; no file in
+    the bundle that the manifest does not list.
+    """
+    path = Path(step_dir)
+    manifest = _read_manifest(path, run)
+    files.check_listed(path, {rel: e["size"] for rel, e in manifest.files.items()}, listing="the manifest",
+                       unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
+    with concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-verify") as pool:
+        hashes = {rel: pool.submit(files.hash_file, path / rel) for rel in sorted(manifest.files)}
+        for rel, fut in hashes.items():
+            got, want = fut.result(), manifest.files[rel]
+            if got["size"] != want["size"]:
+                raise CheckpointCorrupt(f"{path / rel}: changed while verifying ({got['size']} bytes)")
+            if got["sha256"] != want["sha256"]:
+                raise CheckpointCorrupt(
+                    f"{path / rel}: checksum mismatch (sha256 {got['sha256']}, manifest says {want['sha256']})"
+                )
+    return manifest
+
+
+def looks_valid(step_dir: Path, run: str) -> bool:
+    """The cheap check (no checksums): the manifest is valid and the files are exactly the listed ones and sizes."""
+    try:
+        manifest = _read_manifest(step_dir, run)
+        files.check_listed(step_dir, {rel: e["size"] for rel, e in manifest.files.items()}, listing="the manifest",
+                           unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
+    except (OSError, CheckpointCorrupt):
+        return False
+    return True
+
+
+def _read_manifest(path: Path, run: str | None) -> Manifest:
+    """The manifest of `path`, checked against the directory's name (step) and `run` (default: the parent's name)."""
+    where = str(path / layout.MANIFEST)
+    if not path.is_dir():
+        raise CheckpointCorrupt(f"{path}: not a directory")
+    try:
+        raw = (path / layout.MANIFEST).read_bytes()
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{where}: missing (the save never completed)") from None
+    except OSError as e:
+        raise CheckpointCorrupt(f"{where}: unreadable ({e})") from None
+    manifest = Manifest.from_json(raw, where=where)
+    step = layout.step_of(path.name)
+    if step is None:
+        step = layout.old_step_of(path.name)
+    if step is None:
+        raise CheckpointCorrupt(f"{path}: directory name is not step_N")
+    if manifest.step != step:
+        raise CheckpointCorrupt(f"{where}: step is {manifest.step} but the directory is {path.name}")
+    expected_run = run if run is not None else path.resolve().parent.name
+    if manifest.run != expected_run:
+        raise CheckpointCorrupt(f"{where}: run is {manifest.run!r}, expected {expected_run!r}")
+    return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedBundle:
+    """A checkpoint whose every checksum has been verified; the only sanctioned way to read one."""
+
+    path: Path
+    manifest: Manifest
+
+    def file(self, relpath: str) -> Path:
+        """The path of a listed file; CheckpointCorrupt if the manifest does not list it."""
+        if relpath not in self.manifest.files:
+            raise CheckpointCorrupt(f"{self.path / relpath}: not in the manifest of this checkpoint")
+        return self.path / relpath
+
+    @property
+    def data_plane(self) -> Path:
+        """`data_plane/`, to hand to TransferQueue's loader (CheckpointCorrupt if no file of it is listed)."""
+        if not any(rel.startswith(layout.DATA_PLANE + "/") for rel in self.manifest.files):
+            raise CheckpointCorrupt(f"{self.path / layout.DATA_PLANE}: missing (the manifest lists no data-plane file)")
+        return self.path / layout.DATA_PLANE
+
+    @property
+    def replay_metadata(self) -> Path:
+        """`replay_buffer_metadata.pt`, the replay index file (CheckpointCorrupt if the manifest does not list it)."""
+        return self.file(layout.REPLAY_METADATA)
+
+
+def open_verified(step_dir: str | os.PathLike[str], *, run: str | None = None) -> VerifiedBundle:
+    """Verify every checksum of `step_dir` (see `verify`) and return it for reading."""
+    path = Path(step_dir)
+    return VerifiedBundle(path=path, manifest=verify(path, run=run))
+
+
+@dataclasses.dataclass(frozen=True)
+class Discovery:
+    """What `discover` found: the newest checkpoint that passed, and why each newer candidate was skipped."""
+
+    chosen: VerifiedBundle | None
+    skipped: list[tuple[Path, str]] = dataclasses.field(default_factory=list)
+    checked: Any = None
+    """What `discover`'s `check` returned for the chosen checkpoint (None without a check)."""
+    candidates: int = 0
+    """How many step directories were tried or could have been (`tmp_`/`del_` ones never count)."""
+
+
+def discover(
+    root: str | os.PathLike[str],
+    run: str,
+    *,
+    check: Callable[[VerifiedBundle], Any] | None = None,
+    skip_on: tuple[type[Exception], ...] = (),
+) -> Discovery:
+    """Find the newest valid `step_N` of a run, verifying candidates newest first and stopping at the first valid one.
+
+    `check`, when given, runs on each candidate whose checksums verified: a candidate it
+    rejects with `CheckpointCorrupt` (or one of `skip_on`) is skipped with the reason like a
+    corrupt one; what it returns for the chosen checkpoint is `Discovery.checked`. Any other
+    exception propagates (a mismatch that older steps would share).
+    """
+    run_path = layout.run_dir(root, run)
+    if not run_path.is_dir():
+        return Discovery(chosen=None)
+    found, skipped = layout.candidates(run_path)
+    refusals: tuple[type[Exception], ...] = (CheckpointCorrupt, *skip_on)
+    for _step, path in found:
+        try:
+            verified = open_verified(path, run=run)
+            checked = check(verified) if check is not None else None
+        except refusals as e:
+            log.warning("skipping checkpoint %s: %s", path, e)
+            skipped.append((path, str(e)))
+            continue
+        return Discovery(chosen=verified, skipped=skipped, checked=checked, candidates=len(found))
+    return Discovery(chosen=None, skipped=skipped, candidates=len(found))
