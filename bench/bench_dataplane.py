@@ -13,8 +13,8 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
          file read cold), then `BootstrapDataPlane.load_checkpoint` into a fresh TransferQueue;
          against a cold read of the same number of raw bytes (pages dropped with posix_fadvise);
 - checkpoint save/restore: the same with everything else the controller and the driver's setup do
-         for the data plane (replay index capture and sidecar, inventory check, manifest, rename;
-         `checkpointer.select` with the sidecar's safe load and the index preflight), for context;
+         for the data plane (replay index capture and index file, inventory check, manifest, rename;
+         `checkpointer.select` with the index file's safe load and the index preflight), for context;
 - the barrier: a full `DataPlaneCheckpointer` snapshot while rollouts keep committing groups; its
          exclusive window (index + inventory check + TQ write) against the durable snapshot
          (TQ write + commit: digests, fsync, manifest);
@@ -70,7 +70,8 @@ from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.storage import commit, layout, manifest, verification
 from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer
 from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane
-from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results.json"
@@ -327,7 +328,7 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
             drop_cache(files_under(step_dir))
             started = time.perf_counter()
             if full:
-                # The driver's setup: select (checksums, replay sidecar, index preflight), then the load.
+                # The driver's restore: select (checksums, index file, index preflight), then the load.
                 chosen = checkpointer.select(root, "bench", config=config, storage_units=UNITS, step=i + 1)
                 assert chosen is not None
                 token, _ = fresh.load_checkpoint(chosen.verified.data_plane)

@@ -1,72 +1,71 @@
-"""The runtime's error vocabulary: every failure the driver side can name.
+"""The runtime's error vocabulary: every failure the driver side can name, each with what to do about it.
 
-Raised by the pure modules (barrier, digest, bundle) and the data-plane, replay
-and checkpoint code built on them; the driver entrypoint maps them to exit codes
-(a restore failure is exit code 3) and the operator reads `retryable` to decide
-whether another attempt can help. Imports nothing outside the standard library.
-
-Each class carries a class attribute `retryable`: True when running the same
-operation again (or another attempt) may succeed without a human changing
-anything; False when the same inputs will fail the same way.
+Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes
+(`RestoreFailed` and the index rebuild's `PreflightError` / `DigestError` are exit code 3, `Superseded` exits
+quietly, anything else is exit code 1), which the operator classifies. Imports nothing outside the standard
+library.
 """
 
 from __future__ import annotations
 
 __all__ = [
-    "TrainingRunError",
     "CheckpointCorrupt",
-    "RestoreRefused",
-    "InventoryMismatch",
-    "PreflightError",
-    "DigestError",
-    "DataPlaneError",
     "ConfigMismatch",
+    "DataPlaneError",
+    "DigestError",
+    "InventoryMismatch",
+    "LedgerError",
+    "PreflightError",
+    "RestoreFailed",
+    "RestoreRefused",
+    "Superseded",
+    "TrainingRunError",
 ]
 
 
 class TrainingRunError(Exception):
-    """Base of every domain error in trainingrun; `retryable` says whether trying again can help."""
-
-    retryable: bool = False
+    """Base of every domain error the driver side raises."""
 
 
 class CheckpointCorrupt(TrainingRunError):
-    """A checkpoint on disk is damaged or incomplete (bad manifest, missing file, checksum); retrying the same one is useless."""
-
-    retryable = False
+    """A checkpoint on disk is damaged or incomplete (manifest, missing file, checksum): restore an older one."""
 
 
 class RestoreRefused(TrainingRunError):
-    """A restore was refused because the target is not pristine (already read or written); retrying on the same client is useless."""
-
-    retryable = False
+    """A restore onto a TransferQueue that was already read or written: restore only onto a fresh one."""
 
 
 class InventoryMismatch(TrainingRunError):
-    """The rows stored in the data plane differ from the replay index; the checkpoint is abandoned, a later save may succeed."""
-
-    retryable = True
+    """TransferQueue's rows differ from the replay index: this save is abandoned; the next one may succeed."""
 
 
 class PreflightError(TrainingRunError):
-    """A saved index fails a preflight check (partition, group size, duplicates, capacity); retrying with it is useless."""
-
-    retryable = False
+    """A saved replay index does not fit this buffer (partition, group size, duplicates, capacity): restore another."""
 
 
 class DigestError(TrainingRunError):
-    """A value cannot be canonically digested (NaN/Inf or a non-JSON type) or a digest does not match; retrying is useless."""
-
-    retryable = False
+    """A value has no canonical JSON form (NaN, a non-JSON type), or a digest does not match: fix the value or data."""
 
 
 class DataPlaneError(TrainingRunError):
-    """The data plane (TransferQueue) failed or was misused at run time; a new attempt with a fresh data plane may succeed."""
-
-    retryable = True
+    """TransferQueue failed or was misused at run time: a new attempt with a fresh data plane may succeed."""
 
 
 class ConfigMismatch(TrainingRunError):
-    """A checkpoint was written under a different configuration than the one resuming it; retrying is useless."""
+    """The checkpoint was written under other math than the config resuming it: resume with that config or anew."""
 
-    retryable = False
+
+class LedgerError(TrainingRunError):
+    """A prompt moved in a way the ledger forbids (trained twice, skipped): a bug, or a ledger that does not fit."""
+
+
+class Superseded(TrainingRunError):
+    """A newer attempt owns the run directory: this attempt must stop writing to it (retrying cannot help)."""
+
+
+class RestoreFailed(TrainingRunError):
+    """Restoring the chosen checkpoint failed (exit code 3); `cause` is the original error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause

@@ -32,15 +32,20 @@ from typing import Any, NamedTuple
 import pytest
 import ray
 import torch
+import transfer_queue as tq  # type: ignore[import-untyped]
 
 from trainingrun_runtime import digest
-from trainingrun_runtime.dataplane import checkpointer, lifecycle
+from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.storage import commit, files, layout
+
+from support import saving
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer, SAVE_STAGES
-from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneClient, DataPlaneToken
+from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneToken
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
+from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
-from trainingrun_runtime.dataplane.replay_buffer import ReplayConfig, TQReplayBuffer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -134,7 +139,7 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def run_child(entry: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_checkpoint as t; t.{entry}(*sys.argv[1:])"
+    code = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; import test_checkpoint as t; t.{entry}(*sys.argv[1:])"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env)
@@ -152,13 +157,13 @@ async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactl
     client.update_fields("train", list(buffer.index.get("g1").sample_ids), {"advantage": torch.linspace(-1, 1, 4)})
     client.update_fields("train", list(buffer.index.get("g4").sample_ids), {"advantage": torch.zeros(4)})
     await buffer.remove_group("g2")
-    consumed = lifecycle.tq.get_client().get_meta(
+    consumed = tq.get_client().get_meta(
         data_fields=["tokens"], batch_size=4, partition_id="train", mode="fetch", task_name="actor_update"
     )
     assert consumed.size == 4
     saver = DataPlaneCheckpointer(tmp_path, RUN, dataplane=client, buffer=buffer, barrier=barrier)
     restart = {"loader": {"epoch": 0, "position": 17}, "sampler": {"step": 3}, "ledger": [[5, "in_flight"]]}
-    step1, snap = await saver.save(
+    step1, snap = await saving.save(saver, 
         1, attempt=2, config_hash="cfg", capture=lambda: restart, weights_sha256="ab" * 32, extra={"note": "one"}
     )
     assert snap.groups == 5 and snap.rows == 20 and snap.exclusive_s >= snap.snapshot_s > 0
@@ -166,7 +171,7 @@ async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactl
     assert expected["consumed"] == {"actor_update": 4}
 
     await add_groups(buffer, range(6, 8))  # a newer step, which will be damaged
-    step2, _ = await saver.save(2, attempt=2, config_hash="cfg")
+    step2, _ = await saving.save(saver, 2, attempt=2, config_hash="cfg")
     victim = next((step2 / "data_plane" / "simple_storage").glob("su_1_*.pkl"))
     raw = bytearray(victim.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
@@ -189,22 +194,24 @@ def child_restore(root: str, out: str) -> None:
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     boot = BootstrapDataPlane.start(storage_units=2)
     try:
-        restored = checkpointer.restore(root, RUN, boot, config=TRAIN)
-        assert restored is not None
-        client = ConnectOnlyDataPlane.connect(restored.token)
+        # The driver's restore path (`driver.restore`), its data-plane half: select, then load onto a pristine TQ.
+        chosen = checkpointer.select(root, RUN, config=TRAIN, storage_units=boot.storage_units)
+        assert chosen is not None
+        token, _ = boot.load_checkpoint(chosen.verified.data_plane)
+        client = ConnectOnlyDataPlane.connect(token)
         buffer, _ = new_buffer(client, TRAIN)
-        asyncio.run(buffer.restore(restored.replay_state, expected_digest=restored.manifest.replay_digest))
+        asyncio.run(buffer.restore(chosen.replay_state, expected_digest=chosen.manifest.replay_digest))
         torch.save(
             {
-                "step": restored.manifest.step,
-                "path": str(restored.path),
-                "restart": dict(restored.restart),
+                "step": chosen.manifest.step,
+                "path": str(chosen.verified.path),
+                "restart": dict(chosen.restart),
                 "manifest": {
-                    "attempt": restored.manifest.attempt,
-                    "weights_sha256": restored.manifest.weights_sha256,
-                    "extra": dict(restored.manifest.extra),
+                    "attempt": chosen.manifest.attempt,
+                    "weights_sha256": chosen.manifest.weights_sha256,
+                    "extra": dict(chosen.manifest.extra),
                 },
-                "skipped": [(str(p), why) for p, why in restored.skipped],
+                "skipped": [(str(p), why) for p, why in chosen.skipped],
                 "state": observe(client, "train", buffer.metadata_state_dict()),
             },
             out,
@@ -226,7 +233,7 @@ async def test_an_inventory_mismatch_leaves_no_step(
     buffer, barrier = new_buffer(client, config)
     await add_groups(buffer, range(2))
     if drift == "row-not-indexed":
-        stray = [lifecycle.GroupRows("stray", ("stray:0", "stray:1"))]
+        stray = [GroupRows("stray", ("stray:0", "stray:1"))]
         client.put_groups(config.partition, stray, group_fields(9, 2))
         match = r"2 stored but not indexed \['stray:0', 'stray:1'\], 0 indexed but not stored \[\]"
     else:
@@ -234,7 +241,7 @@ async def test_an_inventory_mismatch_leaves_no_step(
         match = r"0 stored but not indexed \[\], 2 indexed but not stored \['g0:0', 'g0:1'\]"
     saver = DataPlaneCheckpointer(tmp_path, RUN, dataplane=client, buffer=buffer, barrier=barrier)
     with pytest.raises(InventoryMismatch, match=match):
-        await saver.save(1, attempt=1, config_hash="cfg")
+        await saving.save(saver, 1, attempt=1, config_hash="cfg")
     assert sorted(p.name for p in (tmp_path / RUN).iterdir()) == []
     assert barrier.stats.pending_checkpoints == 0 and barrier.stats.checkpoints == 1
 
@@ -254,9 +261,9 @@ def template(plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Path:
         buffer, barrier = new_buffer(client, MATRIX)
         saver = DataPlaneCheckpointer(root, RUN, dataplane=client, buffer=buffer, barrier=barrier)
         await add_groups(buffer, range(3))
-        await saver.save(1, attempt=1, config_hash="cfg")
+        await saving.save(saver, 1, attempt=1, config_hash="cfg")
         await add_groups(buffer, range(3, 5))
-        await saver.save(2, attempt=1, config_hash="cfg")
+        await saving.save(saver, 2, attempt=1, config_hash="cfg")
 
     asyncio.run(save_two())
     return root
@@ -283,7 +290,7 @@ CORRUPTIONS: dict[str, tuple[Any, str, int]] = {
     # name: (damage step_2 (its path, the run dir), regex for the refusal, step selected instead)
     "truncated-storage-file": (
         lambda s, r: (lambda f: f.write_bytes(f.read_bytes()[:-100]))(next(s.glob("data_plane/simple_storage/su_0_*"))),
-        r"step_2/data_plane/simple_storage/su_0_TQ_STORAGE_UNIT_\w+\.pkl: truncated \(\d+ bytes, manifest says \d+\)",
+        r"step_2/data_plane/simple_storage/su_0_TQ_STORAGE_UNIT_\w+\.pkl: truncated \(\d+ bytes, the manifest says \d+\)",
         1,
     ),
     "flipped-byte": (
@@ -396,9 +403,9 @@ def child_crash(gcs: str, token_file: str, root: str, partition: str, kill_at: s
         buffer, barrier = new_buffer(client, ReplayConfig(partition, 2, 8))
         saver = DataPlaneCheckpointer(root, RUN, dataplane=client, buffer=buffer, barrier=barrier, on_stage=on_stage)
         await add_groups(buffer, range(2))
-        await saver.save(1, attempt=1, config_hash="cfg")
+        await saving.save(saver, 1, attempt=1, config_hash="cfg")
         await add_groups(buffer, range(2, 3))
         armed = True
-        await saver.save(2, attempt=1, config_hash="cfg")
+        await saving.save(saver, 2, attempt=1, config_hash="cfg")
 
     asyncio.run(main())

@@ -21,14 +21,11 @@ import ray
 import torch
 import transfer_queue
 
-from trainingrun_runtime.dataplane import lifecycle, storage_unit
+from trainingrun_runtime.dataplane import snapshot, storage_unit
+from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneToken
+from trainingrun_runtime.dataplane.replay_index import GroupRows
+from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.storage import files
-from trainingrun_runtime.dataplane.lifecycle import (
-    BootstrapDataPlane,
-    ConnectOnlyDataPlane,
-    DataPlaneToken,
-    GroupRows,
-)
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, RestoreRefused
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -72,8 +69,8 @@ class Planes:
             _, client = self.live()
             client.put_groups("dirty", groups_of("d", 2, 2), {"x": torch.ones(4, 8)})
             good, bad = self.workdir / "good", self.workdir / "bad"
-            client.save_checkpoint(good, {"step": 1})
-            client.save_checkpoint(bad, {"step": 1})
+            snapshot_now(client, good, {"step": 1})
+            snapshot_now(client, bad, {"step": 1})
             unit_file = next((bad / "simple_storage").glob("su_0_*.pkl"))
             unit_file.write_bytes(unit_file.read_bytes()[:-10])
             self._snapshots = (good, bad)
@@ -111,6 +108,20 @@ class Intruder:
         tq.init()  # attaches to the running controller
         tq.kv_batch_put(keys=["a", "b"], partition_id=partition, fields=TensorDict({"x": t.ones(2, 3)}, batch_size=2))
         return len(tq.kv_list(partition)[partition])
+
+
+def snapshot_now(client: DataPlaneClient, directory: Path, metadata: dict[str, Any]) -> dict[str, int]:
+    """A snapshot with every unit's digest in (what the bundle commit waits for); {relpath: size}."""
+    pending = client.snapshot(directory, metadata)
+    pending.digests()
+    return dict(pending.sizes)
+
+
+def tags_of(client: DataPlaneClient, partition: str, ids: list[str]) -> list[dict[str, Any]]:
+    """The stored tags of rows, in the order asked for (from TransferQueue's metadata)."""
+    state = client.inventory(partition)
+    assert state is not None
+    return [dict(state.rows[sid].tags) for sid in ids]
 
 
 def groups_of(prefix: str, count: int, size: int) -> list[GroupRows]:
@@ -175,7 +186,7 @@ def test_groups_are_put_read_back_overwritten_and_cleared(planes: Planes) -> Non
     assert isinstance(got["response"], list)
     assert [r.tolist() for r in got["response"]] == [fields["response"][i].tolist() for i in pos]
     assert got["text"] == [fields["text"][i] for i in pos]
-    assert client.read_tags("rows", ids)[0] == {"prompt": 1, "tr_group": "a1", "tr_group_size": 4}
+    assert tags_of(client, "rows", ids)[0] == {"prompt": 1, "tr_group": "a1", "tr_group_size": 4}
     assert client.list_sample_ids("rows") == sorted(s for g in groups for s in g.sample_ids)
 
     advantages = torch.linspace(-1, 1, 4)
@@ -250,7 +261,7 @@ def test_reused_global_indexes_never_mix_groups(planes: Planes) -> None:
     client.put_groups("reuse", later, {"v": torch.arange(100.0, 104.0)})
     assert client.read_rows("reuse", list(first[1].sample_ids))["v"].tolist() == [4.0, 5.0, 6.0, 7.0]
     assert client.read_rows("reuse", list(later[0].sample_ids))["v"].tolist() == [100.0, 101.0, 102.0, 103.0]
-    assert {t["tr_group"] for t in client.read_tags("reuse", list(later[0].sample_ids))} == {"s0"}
+    assert {t["tr_group"] for t in tags_of(client, "reuse", list(later[0].sample_ids))} == {"s0"}
 
 
 # -- snapshot ----------------------------------------------------------------------------------------
@@ -274,7 +285,7 @@ def test_the_snapshot_stays_within_1_1x_the_live_rows_when_put_256_at_a_time(pla
     live_rows = 3 * 256 - 16 * 8
     raw = live_rows * 512 * (8 + 4)
 
-    files = client.save_checkpoint(tmp_path / "data_plane", {"purpose": "size"})
+    files = snapshot_now(client, tmp_path / "data_plane", {"purpose": "size"})
     storage = sum(size for rel, size in files.items() if rel.startswith("simple_storage/su_"))
     total = sum(p.stat().st_size for p in (tmp_path / "data_plane").rglob("*") if p.is_file())
     assert storage <= 1.1 * raw, f"storage files {storage} bytes for {raw} raw bytes ({storage / raw:.1f}x)"
@@ -282,16 +293,16 @@ def test_the_snapshot_stays_within_1_1x_the_live_rows_when_put_256_at_a_time(pla
     client.clear_groups("blowup", [g for groups in batches for g in groups if g not in batches[1][:16]])
 
 
-def test_the_snapshot_sidecar_lists_every_file(planes: Planes, tmp_path: Path) -> None:
+def test_the_snapshot_listing_lists_every_file(planes: Planes, tmp_path: Path) -> None:
     _, client = planes.live()
     client.put_groups("side", groups_of("q", 1, 2), {"x": torch.ones(2, 2)})
-    files = client.save_checkpoint(tmp_path / "dp", {"step": 7})
-    sidecar = json.loads((tmp_path / "dp" / lifecycle.SIDECAR).read_text())
-    assert sidecar["files"] == files and sidecar["transferqueue"] == "0.1.11" and sidecar["storage_units"] == UNITS
+    files = snapshot_now(client, tmp_path / "dp", {"step": 7})
+    listing = json.loads((tmp_path / "dp" / snapshot.LISTING).read_text())
+    assert listing["files"] == files and listing["transferqueue"] == "0.1.11" and listing["storage_units"] == UNITS
     assert set(files) >= {"metadata.json", "controller_state.pkl", "simple_storage/storage_unit_info.json"}
-    assert lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
+    assert snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)["files"] == files
     with pytest.raises(CheckpointCorrupt, match=f"snapshot has {UNITS} storage units, this TransferQueue 3"):
-        lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=3)
+        snapshot.check_dir(tmp_path / "dp", storage_units=3)
 
 
 def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_files(
@@ -306,19 +317,19 @@ def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_file
     for rel, sha in digests.items():
         assert files.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
     assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
-    lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
+    snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)
     client.clear_groups("hashed", groups_of("h", 2, 4))
 
 
 def test_a_snapshot_in_the_old_format_is_refused_naming_the_file_and_the_fix(planes: Planes, tmp_path: Path) -> None:
     _, client = planes.live()
-    client.save_checkpoint(tmp_path / "dp", {"step": 1})
-    side = tmp_path / "dp" / lifecycle.SIDECAR
-    sidecar = json.loads(side.read_text())
-    side.write_text(json.dumps({**sidecar, "format": 1}))
+    snapshot_now(client, tmp_path / "dp", {"step": 1})
+    side = tmp_path / "dp" / snapshot.LISTING
+    listing = json.loads(side.read_text())
+    side.write_text(json.dumps({**listing, "format": 1}))
     with pytest.raises(CheckpointCorrupt, match=rf"{re.escape(str(side))}: data-plane snapshot format 1, .* reads "
                        r"format 2 only .* restore it with the trainingrun version that wrote it"):  # fmt: skip
-        lifecycle.check_data_plane_dir(tmp_path / "dp", storage_units=UNITS)
+        snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)
 
 
 def test_loading_through_a_client_that_was_already_used_is_refused(planes: Planes, tmp_path: Path) -> None:

@@ -1,8 +1,6 @@
-"""Data-plane checkpoints: save inside one exclusive barrier window; restore the newest valid step onto a pristine TQ.
+"""The data-plane checkpoint: the barrier cut and the snapshot on save; the full check of a step before restore.
 
-Save (in the controller actor, through its connect-only client). The trainer's
-checkpoint is built on `PendingCheckpoint`: it adds its own files before or after
-the data-plane snapshot and its weights digest at commit::
+Save (in the controller actor, through its connect-only client), inside a bundle being written::
 
     saver = DataPlaneCheckpointer(root, run, dataplane=client, buffer=buffer, barrier=barrier)
     pending = saver.begin(step)               # <root>/<run>/tmp_step_N/ (crashed saves cleaned up)
@@ -11,45 +9,33 @@ the data-plane snapshot and its weights digest at commit::
     ...write pending.path / "train_dataloader.pt" from snap.restart
     step_dir = pending.commit(attempt=a, config_hash=h, weights_sha256=w, extra={...})
 
-`snapshot` holds `barrier.checkpoint()` (ONE exclusive window) for exactly: the
-index (`buffer.metadata_state_dict()`), `capture()` (the caller's other
-restart-facing reads; synchronous, JSON values), the inventory check (the ids TQ
-stores must equal the index's, else `InventoryMismatch`, the pending save is
-discarded and no `step_N` appears), and TransferQueue's own snapshot into
-`tmp_step_N/data_plane/`. After the window it writes `replay_buffer_metadata.pt`
-(`torch.save` of plain values, read back with `weights_only=True`)::
+`snapshot` holds `barrier.checkpoint()` (ONE exclusive window) for exactly: the index
+(`buffer.metadata_state_dict()`), `capture()` (the caller's other restart-facing reads; synchronous, JSON
+values), the inventory check (the ids TransferQueue stores must equal the index's, else `InventoryMismatch`, the
+pending save is discarded and no `step_N` appears), and TransferQueue's own snapshot into
+`tmp_step_N/data_plane/` (`snapshot.write`). After the window it writes the replay index file
+(`replay_buffer_metadata.pt`, `torch.save` of plain values, read back with `weights_only=True`)::
 
-    {"format": 1, "run": str, "step": int, "replay": <the buffer's state dict>, "restart": <capture()>}
+    {"format": 1, "run": str, "step": int, "replay": <the index's state dict>, "restart": <capture()>}
 
-`commit` waits for the storage units' digests of their files (written and hashed
-in the units after the window, `dataplane.PendingSnapshot.digests`), hands them to the bundle
-(`add_hashed`), then `commit.PendingBundle.commit`: every file fsynced, every
-other file hashed, the
-manifest (`replay_digest` = the index digest, `replay_mode` = "authoritative")
-written last, rename to `step_N`, parent fsynced. `save()` does all of it in one
-call. `on_stage(name)` is called after "begun", "data_plane_saved",
-"sidecar_written" and then after each of `commit.COMMIT_STAGES` (crash tests kill
+`commit` waits for the storage units' checksums of their files (`snapshot.PendingSnapshot.digests`), hands them
+to the bundle (`add_hashed`), then `storage.commit.PendingBundle.commit` writes the manifest (`replay_digest` =
+the index digest, `replay_mode` = "authoritative") last and renames. `on_stage(name)` is called after "begun",
+"data_plane_saved", "index_file_written" and then after each of `storage.commit.COMMIT_STAGES` (crash tests kill
 the writer there).
 
-Restore (on the driver at setup, before any connect-only client exists)::
+Restore (on the driver, before any connect-only client exists; `driver.restore` is the one caller)::
 
-    dp = BootstrapDataPlane.start()
-    r = restore(root, run, dp, config=buffer_config)      # None: nothing to restore
-    token = r.token if r is not None else dp.start_fresh()
-    # in the actor, later:
-    client = ConnectOnlyDataPlane.connect(token)
-    buffer = TQReplayBuffer(client, barrier, partition=..., group_size=..., capacity=...)
-    await buffer.restore(r.replay_state, expected_digest=r.manifest.replay_digest)
+    chosen = select(root, run, config=replay_config, storage_units=n)   # verified, nothing loaded; None: fresh
+    token, _ = bootstrap.load_checkpoint(chosen.verified.data_plane)   # TransferQueue, onto a pristine TQ
+    # in the actor, later: buffer.restore(chosen.replay_state, expected_digest=chosen.manifest.replay_digest)
 
-`select` (through `verification.discover` and its `check` hook, so both share one listing of
-candidates) picks the newest step whose every check passes *before* anything reaches
-TransferQueue's loader: manifest and checksums (`verification.open_verified`), the
-sidecar (safe load, preflight against the buffer config, digest equal to the
-manifest's), and `data_plane/` (its own sidecar of sizes, TQ version, unit count,
-and the digest TQ saved with it). A corrupt step is skipped with the reason, and
-the previous one is tried; a config mismatch (partition, group size, capacity) is
-raised instead, since older steps would not fit either. With `step=` pinned there
-is no fallback. Only then does the bootstrap client load it.
+`select` (through `storage.verification.discover` and its `check` hook, so both share one listing of candidates)
+picks the newest step whose every check passes *before* anything reaches TransferQueue's loader: manifest and
+checksums, the index file (safe load, preflight against the buffer config, digest equal to the manifest's), and
+`data_plane/` (its listing, TQ version, unit count, and the digest TQ saved with it). A corrupt step is skipped
+with the reason and the previous one is tried; a config mismatch (partition, group size, capacity) is raised
+instead, since older steps would not fit either. With `step=` pinned there is no fallback.
 """
 
 from __future__ import annotations
@@ -69,36 +55,31 @@ import torch
 from trainingrun_runtime import digest
 from trainingrun_runtime.storage import commit, layout, manifest, verification
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.dataplane.lifecycle import (
-    BootstrapDataPlane,
-    DataPlaneClient,
-    DataPlaneToken,
-    PendingSnapshot,
-    check_data_plane_dir,
-)
+from trainingrun_runtime.dataplane import snapshot as data_plane_snapshot
+from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
-from trainingrun_runtime.dataplane.replay_buffer import ReplayConfig, ReplayIndex, TQReplayBuffer, run_blocking
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer, run_blocking
+from trainingrun_runtime.dataplane.replay_index import ReplayConfig, ReplayIndex
 
 __all__ = [
     "REPLAY_MODE",
-    "SIDECAR_FORMAT",
+    "INDEX_FILE_FORMAT",
     "SAVE_STAGES",
     "Snapshot",
     "PendingCheckpoint",
     "DataPlaneCheckpointer",
     "Selection",
-    "Restore",
-    "read_sidecar",
+    "read_index_file",
     "select",
-    "restore",
 ]
 
 log = logging.getLogger(__name__)
 
 REPLAY_MODE: Final = "authoritative"
 """The data plane is restored exactly (not regenerated): TQ's rows are the truth the index is checked against."""
-SIDECAR_FORMAT: Final = 1
-SAVE_STAGES: Final = ("begun", "data_plane_saved", "sidecar_written", *commit.COMMIT_STAGES)
+INDEX_FILE_FORMAT: Final = 1
+"""The layout of the replay index file (`replay_buffer_metadata.pt`) this version writes and reads."""
+SAVE_STAGES: Final = ("begun", "data_plane_saved", "index_file_written", *commit.COMMIT_STAGES)
 """Every point of a save where `on_stage` is called, in order."""
 
 
@@ -131,7 +112,7 @@ class PendingCheckpoint:
         self.step = pending.step
         self.path = pending.path
         self.snap: Snapshot | None = None
-        self._written: PendingSnapshot | None = None
+        self._written: data_plane_snapshot.PendingSnapshot | None = None
 
     async def snapshot(self, capture: Callable[[], Mapping[str, Any]] | None = None) -> Snapshot:
         """Capture the index (+ `capture()`), check it against TQ and snapshot TQ, all in one exclusive window."""
@@ -162,9 +143,9 @@ class PendingCheckpoint:
             self._written = written
             hold_s = time.monotonic() - requested
             s.stage("data_plane_saved")
-            sidecar = {"format": SIDECAR_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
-            torch.save(sidecar, self.path / layout.REPLAY_METADATA)
-            s.stage("sidecar_written")
+            index_file = {"format": INDEX_FILE_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
+            torch.save(index_file, self.path / layout.REPLAY_METADATA)
+            s.stage("index_file_written")
         except BaseException:
             self.abort()
             raise
@@ -254,24 +235,6 @@ class DataPlaneCheckpointer:
         self.stage("begun")
         return pending
 
-    async def save(
-        self,
-        step: int,
-        *,
-        attempt: int,
-        config_hash: str,
-        capture: Callable[[], Mapping[str, Any]] | None = None,
-        weights_sha256: str | None = None,
-        extra: Mapping[str, Any] | None = None,
-    ) -> tuple[Path, Snapshot]:
-        """`begin`, `snapshot` and `commit` in one call; returns the committed `step_N` and the snapshot."""
-        pending = self.begin(step)
-        snap = await pending.snapshot(capture)
-        path = await asyncio.to_thread(
-            pending.commit, attempt=attempt, config_hash=config_hash, weights_sha256=weights_sha256, extra=extra
-        )
-        return path, snap
-
 
 def _check_inventory(indexed: set[str], stored: list[str], step: int) -> None:
     found = set(stored)
@@ -289,7 +252,7 @@ def _check_inventory(indexed: set[str], stored: list[str], step: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """A checkpoint that passed every check, with its decoded sidecar; nothing was loaded yet."""
+    """A checkpoint that passed every check, with its decoded index file; nothing was loaded yet."""
 
     verified: verification.VerifiedBundle
     replay_state: Mapping[str, Any]
@@ -302,22 +265,7 @@ class Selection:
         return self.verified.manifest
 
 
-@dataclasses.dataclass(frozen=True)
-class Restore:
-    """A finished restore: the token for connect-only clients and what the buffer and trainer need."""
-
-    token: DataPlaneToken
-    path: Path
-    manifest: manifest.Manifest
-    replay_state: Mapping[str, Any]
-    """For `TQReplayBuffer.restore(replay_state, expected_digest=manifest.replay_digest)`."""
-    restart: Mapping[str, Any]
-    """What `capture()` returned when the checkpoint was saved."""
-    data_plane_metadata: Mapping[str, Any]
-    skipped: list[tuple[Path, str]]
-
-
-def read_sidecar(path: Path) -> dict[str, Any]:
+def read_index_file(path: Path) -> dict[str, Any]:
     """Load `replay_buffer_metadata.pt` with `weights_only=True`; CheckpointCorrupt naming the file otherwise."""
     try:
         raw = torch.load(path, weights_only=True, map_location="cpu")
@@ -325,8 +273,8 @@ def read_sidecar(path: Path) -> dict[str, Any]:
         raise CheckpointCorrupt(f"{path}: missing") from None
     except Exception as e:
         raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__}: {e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != SIDECAR_FORMAT or not {"replay", "restart"} <= set(raw):
-        raise CheckpointCorrupt(f"{path}: not a replay-index sidecar of format {SIDECAR_FORMAT}")
+    if not isinstance(raw, dict) or raw.get("format") != INDEX_FILE_FORMAT or not {"replay", "restart"} <= set(raw):
+        raise CheckpointCorrupt(f"{path}: not a replay index file of format {INDEX_FILE_FORMAT}")
     return raw
 
 
@@ -337,36 +285,32 @@ def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: in
 def _check_verified(
     opened: verification.VerifiedBundle, run: str, config: ReplayConfig, storage_units: int | None
 ) -> Selection:
-    """Every restore check beyond the checksums (which `opened` passed): sidecar, preflight, data-plane dir."""
+    """Every restore check beyond the checksums (which `opened` passed): index file, preflight, data-plane dir."""
     candidate = opened.path
     manifest = opened.manifest
     if manifest.replay_mode != REPLAY_MODE:
         raise CheckpointCorrupt(f"{candidate / layout.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
-    sidecar_path = opened.replay_metadata
-    sidecar = read_sidecar(sidecar_path)
-    if sidecar.get("step") != manifest.step or sidecar.get("run") != run:
-        raise CheckpointCorrupt(f"{sidecar_path}: belongs to {sidecar.get('run')!r} step {sidecar.get('step')}")
+    index_path = opened.replay_metadata
+    index_file = read_index_file(index_path)
+    if index_file.get("step") != manifest.step or index_file.get("run") != run:
+        raise CheckpointCorrupt(f"{index_path}: belongs to {index_file.get('run')!r} step {index_file.get('step')}")
     ReplayIndex.from_state_dict(
-        sidecar["replay"],
+        index_file["replay"],
         partition=config.partition,
         group_size=config.group_size,
         capacity=config.capacity,
         expected_digest=manifest.replay_digest,
-        where=str(sidecar_path),
+        where=str(index_path),
     )
     data_plane = opened.data_plane
-    check_data_plane_dir(data_plane, storage_units=storage_units)
-    tq_meta_path = data_plane / "metadata.json"
-    try:
-        tq_meta = json.loads(tq_meta_path.read_text())["user_metadata"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointCorrupt(f"{tq_meta_path}: unreadable ({e})") from None
+    data_plane_snapshot.check_dir(data_plane, storage_units=storage_units)
+    tq_meta = data_plane_snapshot.read_user_metadata(data_plane)
     if tq_meta.get("replay_digest") != manifest.replay_digest:
         raise DigestError(
-            f"{tq_meta_path}: the data plane was saved with replay digest {tq_meta.get('replay_digest')}, "
+            f"{data_plane}/metadata.json: the data plane was saved with replay digest {tq_meta.get('replay_digest')}, "
             f"the manifest says {manifest.replay_digest}"
         )
-    return Selection(verified=opened, replay_state=sidecar["replay"], restart=sidecar["restart"], skipped=[])
+    return Selection(verified=opened, replay_state=index_file["replay"], restart=index_file["restart"], skipped=[])
 
 
 def select(
@@ -399,33 +343,3 @@ def select(
         reasons = "; ".join(f"{p.name}: {why}" for p, why in found.skipped)
         raise CheckpointCorrupt(f"{run_path}: no valid checkpoint among {found.candidates}: {reasons}")
     return None
-
-
-def restore(
-    root: str | os.PathLike[str],
-    run: str,
-    dataplane: BootstrapDataPlane,
-    *,
-    config: ReplayConfig,
-    step: int | None = None,
-) -> Restore | None:
-    """Select the newest valid checkpoint (or `step`) and load its data plane through the bootstrap client.
-
-    Returns None when there is nothing to restore (the caller then calls `dataplane.start_fresh()`).
-    """
-    chosen = select(root, run, config=config, storage_units=dataplane.storage_units, step=step)
-    if chosen is None:
-        return None
-    for path, why in chosen.skipped:
-        log.warning("restore skipped %s: %s", path, why)
-    token, metadata = dataplane.load_checkpoint(chosen.verified.data_plane)
-    log.info("restored data plane from %s (replay digest %s)", chosen.verified.path, chosen.manifest.replay_digest)
-    return Restore(
-        token=token,
-        path=chosen.verified.path,
-        manifest=chosen.manifest,
-        replay_state=chosen.replay_state,
-        restart=chosen.restart,
-        data_plane_metadata=metadata,
-        skipped=chosen.skipped,
-    )

@@ -60,6 +60,7 @@ __all__ = [
     "CompactSimpleStorageUnit",
     "CompactStorageUnitData",
     "check_version",
+    "is_digest_file",
     "install",
     "installed",
 ]
@@ -99,6 +100,11 @@ DIGEST_SUFFIX: Final = ".digest"
 TransferQueue's save reply carries no payload, and the bytes are written and hashed after the reply
 (after the barrier's window), so the unit publishes the digest beside the file (written to a temporary
 name, then renamed); `dataplane.PendingSnapshot.digests` waits for, reads and deletes these files."""
+
+
+def is_digest_file(name: str) -> bool:
+    """Whether `name` is a unit's digest file (or its temporary), which the snapshot does not list."""
+    return name.endswith((DIGEST_SUFFIX, DIGEST_SUFFIX + ".tmp"))
 
 
 class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[misc]

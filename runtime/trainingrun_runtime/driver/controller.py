@@ -7,35 +7,22 @@
     reserve(group)            ── barrier.mutation ──    advantage stage: read rewards back, write
     generate on worker (versioned weights)                 advantages onto the SAME keys (no barrier;
     commit(group, rows) → TQ  ── barrier.mutation ──       same task as the save)
-      ledger: IN_FLIGHT → COMMITTED                     train: TQPolicy.train(keys) — the trainer reads TQ
+      ledger: IN_FLIGHT → COMMITTED                     train: Trainers.train(keys) — the trainer reads TQ
                                                         clear consumed rows (remove_group, barrier)
                                                           ledger: COMMITTED → CONSUMED, sampler.advance()
                                                         weight sync: trainer → every generator (version t+1)
                                                         every save_period steps: checkpoint (below)
 
-    checkpoint(step N)                      (checkpointer.DataPlaneCheckpointer from issue 4 does the cut)
-      tmp_step_N/ ← policy/ (weights + optimizer)                         outside the cut: the trainer is idle
-      ┌ barrier.checkpoint() ── exclusive: lanes queue at reserve/commit ──────────────────────────┐
-      │ replay index + _capture(): loader place, sampler cursor, ledger (in-flight uids)            │
-      │ list_sample_ids() == index?  else InventoryMismatch (save abandoned, run continues)          │
-      │ snapshot() → data_plane/ (the storage units write and hash their files after the window)     │
-      └──────────────────────────────────────────────────────────────────────────────────────────────┘
-      replay_buffer_metadata.pt (index + captured reads), train_dataloader.pt ← the values read in the cut
-      ── the train pump goes on from here; the rest runs as task checkpoint-commit-N, overlapping training ──
-      commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
-      report (only now), retention            (the next save, and the end of the run, wait for this task)
-        retention keeps the step the operator would resume from (read from the status); an attempt the
-        operator has already ended stops here (Superseded)
-
-    fence: before a save's begin, its rename and retention, owner.json must still name this attempt (else
-    Superseded: a zombie of an ended attempt stops writing; `fence.py`)
+    checkpoint(step N): the policy and ONE exclusive barrier cut inline (replay index, loader place, sampler
+      cursor, ledger, inventory check, TransferQueue snapshot), then commit, report and retention in the
+      background, fenced against newer attempts (`checkpoints`, which draws it)
     reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
     after a step (step, reward), one at a time and in order (reporting.ProgressReports)
 
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
-(connect-only client, barrier, replay buffer), rebuilds the replay index and checks
-it against the rows TransferQueue holds, and only then starts the tasks.
+(connect-only client, barrier, replay buffer, checkpoint pipeline), rebuilds the replay
+index and checks it against the rows TransferQueue holds, and only then starts the tasks.
 
 Supervision: every task is named; the first one to fail cancels the others and its
 own exception (not a wrapper) is what `run()` raises. The run ends when the train
@@ -61,20 +48,20 @@ from typing import Any
 import torch
 
 from trainingrun_runtime import config, timestamps
-from trainingrun_runtime.dataplane import checkpointer, lifecycle
-from trainingrun_runtime.driver import crashpoints, events, reporting, trainers
-from trainingrun_runtime.grpo import objective, task, trainer
-from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.storage import fence, layout, retention
+from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.errors import InventoryMismatch, PreflightError
-from trainingrun_runtime.dataplane.replay_buffer import GroupRows, ReplayConfig, TQReplayBuffer
+from trainingrun_runtime.driver import checkpoints, crashpoints, events, reporting, restore, trainers
+from trainingrun_runtime.errors import PreflightError
+from trainingrun_runtime.grpo import objective, trainer
+from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 
 __all__ = ["PARTITION", "RunResult", "SingleController", "SingleControllerActorArgs", "capacity", "group_rows"]
 
 log = logging.getLogger(__name__)
 
-PARTITION = "rollouts"
+PARTITION = trainers.PARTITION
 
 
 def capacity(cfg: config.TrainerConfig) -> int:
@@ -101,25 +88,16 @@ class SingleControllerActorArgs:
     attempt: int
     root: str
     config_hash: str
-    policy: trainers.TQPolicy
+    trainers: trainers.Trainers
     generators: list[Any]
-    task: task.Task
     loader: prompt_loader.PromptLoader
     sampler: samplers.Sampler
     ledger: ledger.Ledger
-    token: lifecycle.DataPlaneToken
-    """Proof that TransferQueue was restored (or started fresh) by the policy's bootstrap client."""
-    data_plane_checkpoint_metadata: dict[str, Any] | None
-    """What the restore read back from the snapshot (None on a fresh start)."""
-    replay_state: dict[str, Any] | None
-    """The replay index read from the bundle (None on a fresh start)."""
-    replay_digest: str | None
-    """The manifest's replay digest, which the rebuilt index must match (None on a fresh start)."""
-    restored_step: int | None
+    restored: restore.Restored
+    """What the driver's restore brought back: the data-plane token, the replay index, the last checkpoint."""
     status_reporter: reporting.Reporter
     event_log: events.EventLog
     crash: crashpoints.CrashPoints
-    last_checkpoint: reporting.CheckpointReport | None = None
     progress_period_s: float = reporting.PROGRESS_PERIOD_S
     """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
     run_uid: str | None = None
@@ -150,36 +128,11 @@ class SingleController:
     async def run(self) -> RunResult:
         """Attach, restore the index, run the pumps until `steps`; raise the first failure as it was."""
         a = self.args
-        tcfg = a.config.trainer
-        self.client = await asyncio.to_thread(lifecycle.ConnectOnlyDataPlane.connect, a.token)
-        a.event_log.emit("client_connected")
-        self.barrier = DataPlaneCheckpointBarrier()
-        rc = replay_config(tcfg)
-        self.replay = TQReplayBuffer(
-            self.client, self.barrier, partition=rc.partition, group_size=rc.group_size, capacity=rc.capacity
-        )
-        a.event_log.emit("buffer_built")
-        if a.replay_state is not None:
-            # Index only, checked against the rows TransferQueue holds; no write to TQ; before any pump.
-            await self.replay.restore(a.replay_state, expected_digest=a.replay_digest)
-            self._check_ledger_against_index()
-        a.event_log.emit("index_restored", groups=len(self.replay), digest=self.replay.index.digest())
-        self.saver = checkpointer.DataPlaneCheckpointer(
-            a.root, a.run, dataplane=self.client, buffer=self.replay, barrier=self.barrier, on_stage=self._bundle_stage
-        )
-        self.exclusive_s: list[float] = []
-        self._commit: asyncio.Task[None] | None = None
+        await self._attach()
         self._cond = asyncio.Condition()
         self._rows_ready = asyncio.Event()
         self.version = a.sampler.step
         self.rewards: list[float] = []
-        self._saving_step = -1
-        self.last_checkpoint = a.last_checkpoint
-        self.reports = reporting.ProgressReports(
-            a.status_reporter,
-            lambda: self.status(a.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
-            period_s=a.progress_period_s,
-        )
         tasks = {asyncio.create_task(self._train_pump(), name="train-pump")}
         lanes = 2 * len(a.generators)
         for i in range(lanes):
@@ -188,10 +141,36 @@ class SingleController:
         a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
         await _supervise(tasks, until="train-pump")
         await self.reports.drain()  # the driver's final report comes after every report of this actor
-        sha = await a.policy.weights_sha256()
+        sha = await a.trainers.weights_sha256()
         a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
         mean = None if not self.rewards else self.rewards[-1]
-        return RunResult(a.sampler.step, sha, mean, list(self.rewards), self.last_checkpoint, list(self.exclusive_s))
+        ckpt = self.checkpoints
+        return RunResult(a.sampler.step, sha, mean, list(self.rewards), ckpt.last, list(ckpt.exclusive_s))
+
+    async def _attach(self) -> None:
+        """The process-bound plumbing from the restore's token, and the replay index rebuilt, before any pump."""
+        a = self.args
+        self.client = await asyncio.to_thread(lifecycle.ConnectOnlyDataPlane.connect, a.restored.token)
+        a.event_log.emit("client_connected")
+        barrier = DataPlaneCheckpointBarrier()
+        rc = replay_config(a.config.trainer)
+        self.replay = TQReplayBuffer(
+            self.client, barrier, partition=rc.partition, group_size=rc.group_size, capacity=rc.capacity
+        )
+        a.event_log.emit("buffer_built")
+        if a.restored.replay_state is not None:
+            # Index only, checked against the rows TransferQueue holds; no write to TQ; before any pump.
+            await self.replay.restore(a.restored.replay_state, expected_digest=a.restored.replay_digest)
+            self._check_ledger_against_index()
+        a.event_log.emit("index_restored", groups=len(self.replay), digest=self.replay.index.digest())
+        self.reports = reporting.ProgressReports(
+            a.status_reporter,
+            lambda: self.status(a.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
+            period_s=a.progress_period_s,
+        )
+        self.checkpoints = checkpoints.Checkpoints(
+            a, client=self.client, buffer=self.replay, barrier=barrier, reports=self.reports
+        )
 
     def _check_ledger_against_index(self) -> None:
         committed_uids = sorted(int(g.meta["uid"]) for g in self.replay.groups())
@@ -265,7 +244,7 @@ class SingleController:
         a = self.args
         tcfg = a.config.trainer
         while a.sampler.step < tcfg.steps:
-            self._raise_if_commit_failed()
+            self.checkpoints.raise_if_failed()
             selection = await self._next_selection()
             if selection.drop:
                 await self._drop(selection.drop)
@@ -274,7 +253,7 @@ class SingleController:
             step = a.sampler.step
             keys = [sid for uid in selection.train for sid in group_rows(uid, tcfg.grpo.group_size).sample_ids]
             reward = await self._advantage_stage(keys, len(selection.train))
-            stats = await a.policy.train(PARTITION, keys)
+            stats = await a.trainers.train(PARTITION, keys)
             a.crash.reach("trained", step + 1)
             for uid in selection.train:
                 await self.replay.remove_group(group_rows(uid, tcfg.grpo.group_size).group_id)
@@ -288,8 +267,8 @@ class SingleController:
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:
-                await self._checkpoint(done, reward)
-        await self._finish_commit()
+                await self.checkpoints.save(done, reward, self._capture)
+        await self.checkpoints.settle()
 
     async def _drop(self, uids: tuple[int, ...]) -> None:
         g = self.args.config.trainer.grpo.group_size
@@ -314,16 +293,13 @@ class SingleController:
         """Send the trainer's new weights to every generator; later dispatches use the new version."""
         a = self.args
         async with self._cond:
-            weights = a.policy.weights_ref()
+            weights = a.trainers.weights_ref()
             loads = [gen.load_weights.remote(a.sampler.step, weights) for gen in a.generators]
             self.version = a.sampler.step
             self._cond.notify_all()
         await asyncio.gather(*loads)
 
     # -- checkpoint -----------------------------------------------------------------------------
-
-    def _bundle_stage(self, name: str) -> None:
-        self.args.crash.reach(name, self._saving_step)
 
     def _capture(self) -> dict[str, Any]:
         """Every restart-facing read besides the index; called by the snapshot inside the exclusive cut."""
@@ -335,103 +311,11 @@ class SingleController:
             "version": self.version,
         }
 
-    async def _checkpoint(self, step: int, reward: float) -> None:
-        """Write step N: policy and the barrier cut inline (the train pump waits), then commit in the background."""
-        a = self.args
-        await self._finish_commit()  # one save at a time: begin() cleans every tmp_step_* it finds
-        self._fence("begin a save")  # begin() would clean a newer attempt's unfinished tmp_step_*
-        self._saving_step = step
-        pending = await asyncio.to_thread(self.saver.begin, step)
-        try:
-            weights_sha = await a.policy.save(pending.path / layout.POLICY)
-            a.crash.reach("policy_saved", step)
-            # One exclusive barrier cut: index + _capture() + inventory check + TransferQueue snapshot.
-            snap = await pending.snapshot(capture=self._capture)
-        except InventoryMismatch as e:
-            pending.abort()
-            log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
-            return
-        except BaseException:
-            pending.abort()
-            raise
-        self._commit = asyncio.create_task(
-            self._commit_bundle(pending, snap, step, reward, weights_sha), name=f"checkpoint-commit-{step}"
-        )
-
-    async def _commit_bundle(
-        self, pending: checkpointer.PendingCheckpoint, snap: checkpointer.Snapshot, step: int, reward: float, sha: str
-    ) -> None:
-        """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
-        a = self.args
-        try:
-            loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
-            await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
-            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
-            self._fence(f"rename tmp_step_{step}")
-            path = await asyncio.to_thread(
-                lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
-            )
-        except BaseException:
-            pending.abort()
-            raise
-        self.last_checkpoint = reporting.CheckpointReport(
-            step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, time=timestamps.now(),
-        )
-        self.exclusive_s.append(snap.exclusive_s)
-        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
-                         exclusive_s=snap.exclusive_s)
-        await self.reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
-        a.crash.reach("reported", step)
-        await self._retain(path)
-
-    async def _retain(self, path: Path) -> None:
-        """Retention that never deletes the step the operator would resume from; stop if the attempt ended.
-
-        An attempt the operator has ended can live on for a while (a pod in its termination grace period
-        trains and saves on; a partitioned node): its reports are no longer recorded, so the step the next
-        attempt is pinned to falls behind, and plain keep-last retention would delete it.
-        """
-        a = self.args
-        cp = a.config.checkpoint
-        view = await asyncio.to_thread(a.status_reporter.operator_view)
-        if view is None:
-            log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
-            return
-        if view.ended(a.attempt):
-            raise fence.Superseded(
-                f"the operator ended attempt {a.attempt} (its current attempt: {view.attempt}); this driver lives on "
-                "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
-            )
-        protect = () if view.pinned is None else (view.pinned,)
-        self._fence("apply retention")  # it could delete the step a newer attempt restored from
-        await asyncio.to_thread(
-            lambda: retention.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
-        )
-
-    def _fence(self, doing: str) -> None:
-        """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""
-        a = self.args
-        fence.check(layout.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
-
-    async def _finish_commit(self) -> None:
-        """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""
-        task, self._commit = self._commit, None
-        if task is not None:
-            await task
-
-    def _raise_if_commit_failed(self) -> None:
-        if self._commit is not None and self._commit.done() and not self._commit.cancelled():
-            error = self._commit.exception()
-            if error is not None:
-                self._commit = None
-                raise error
-
     def status(self, step: int, reward: float | None, *, finished: bool) -> reporting.RuntimeStatus:
         """`status.runtime` as of now."""
         return reporting.RuntimeStatus(
             attempt=self.args.attempt, step=step, reward=reward, updated=timestamps.now(),
-            lastCheckpoint=self.last_checkpoint, restoreError=None, finished=finished,
+            lastCheckpoint=self.checkpoints.last, restoreError=None, finished=finished,
         )
 
 

@@ -26,7 +26,7 @@ import pydantic
 
 from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import events, reporting, setup
-from trainingrun_runtime.storage import fence
+from trainingrun_runtime.errors import DigestError, PreflightError, RestoreFailed, Superseded
 
 __all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
 
@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     rep = reporting.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
     try:
         built = setup.setup_single_controller(opts, ev)
-    except fence.Superseded as e:
+    except Superseded as e:
         print(f"Superseded: {e}", file=sys.stderr)
         return EXIT_FAILED
-    except setup.RestoreFailed as e:
+    except RestoreFailed as e:
         _report_restore_error(rep, opts, str(e))
         _shutdown_ray()
         print(f"RestoreFailed: {e}", file=sys.stderr)
@@ -125,14 +125,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def is_restore_error(error: BaseException) -> bool:
     """Whether the actor's failure means the checkpoint could not be restored (exit code 3)."""
-    return isinstance(error, (setup.RestoreFailed, *_restore_errors()))
-
-
-def _restore_errors() -> tuple[type[BaseException], ...]:
-    from trainingrun_runtime.errors import DigestError, PreflightError
-
-    # Raised only while the controller rebuilds the replay index, before the pumps start.
-    return (PreflightError, DigestError)
+    # PreflightError and DigestError are raised in the actor only while it rebuilds the replay index, before the
+    # pumps start.
+    return isinstance(error, (RestoreFailed, PreflightError, DigestError))
 
 
 def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, message: str) -> None:
@@ -146,7 +141,7 @@ def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, me
 
 def _close(built: setup.Setup) -> None:
     try:
-        built.policy.close()
+        built.trainers.close()
     except Exception:  # noqa: BLE001 - shutting down; the exit code is already decided
         log.exception("closing TransferQueue failed")
     _shutdown_ray()

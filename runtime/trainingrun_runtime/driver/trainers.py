@@ -1,22 +1,21 @@
-"""TQPolicy: the trainer as the controller sees it — trainer worker(s) plus the BOOTSTRAP data-plane client.
+"""The trainers as the controller sees them: the trainer worker(s), plus, on the driver, the BOOTSTRAP data-plane client.
 
-    driver setup                                  controller actor, every step
-    ─────────────                                 ─────────────────────────────
-    TQPolicy(cfg) ─► BootstrapDataPlane.start()   train(sample_ids) ─► TrainerWorker reads rows from TQ
-                 └─► TrainerWorker (Ray actor)                        (tokens, logprobs, advantages) ─► GRPO step
-    load_data_plane_checkpoint(dir) ─► token      weights() ─► ObjectRef of the new weights (weight sync)
-    (or start_fresh() ─► token)                   save(dir) ─► policy/ files + weights_sha256
+    driver setup                                   controller actor, every step
+    ─────────────                                  ─────────────────────────────
+    Trainers(cfg) ─► BootstrapDataPlane.start()    train(sample_ids) ─► TrainerWorker reads rows from TQ
+                 └─► TrainerWorker (Ray actor)                          (tokens, logprobs, advantages) ─► GRPO step
+    load_data_plane_checkpoint(dir) ─► token       weights_ref() ─► ObjectRef of the new weights (weight sync)
+    (or start_fresh() ─► token)                    save(dir) ─► policy/ files + weights_sha256
     load(policy dir) ─► weights_sha256
 
-The policy owns the bootstrap client: it is the only object that can restore
-TransferQueue or decide to start fresh, and it does so on the driver before any
-connect-only client exists. The resulting `DataPlaneToken` is what the trainer
-worker and the controller actor attach with. The bootstrap client stays in the
-driver process (it is dropped when the policy is pickled into the controller's
+`Trainers` is what NeMo RL calls `TQPolicy`. It owns the bootstrap client: the only object that can restore
+TransferQueue or decide to start fresh, and it does so on the driver before any connect-only client exists
+(`restore`). The resulting `DataPlaneToken` is what the trainer worker and the controller actor attach with. The
+bootstrap client stays in the driver process (it is dropped when `Trainers` is pickled into the controller's
 arguments); the driver closes it at the end.
 
-`TrainerWorker` is a thin Ray wrapper over `trainer.Trainer`; one worker here, the
-place where data-parallel workers would go at scale.
+`TrainerWorker` is a thin Ray wrapper over `grpo.trainer.Trainer`; one worker here, the place where data-parallel
+workers would go at scale.
 """
 
 from __future__ import annotations
@@ -32,10 +31,12 @@ from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.grpo import trainer
 
-__all__ = ["TQPolicy", "TrainerWorker"]
+__all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers"]
 
 log = logging.getLogger(__name__)
 
+PARTITION = "rollouts"
+"""The TransferQueue partition the rollouts live in."""
 TRAIN_FIELDS = ("tokens", "logprobs", "advantages")
 STORAGE_UNITS = 2
 """TransferQueue storage units; a snapshot restores only onto the same count."""
@@ -87,7 +88,7 @@ class TrainerWorker:
         return self.trainer.load(directory)
 
 
-class TQPolicy:
+class Trainers:
     """The trainer worker handle(s) and, on the driver only, the bootstrap data-plane client."""
 
     def __init__(self, cfg: config.TrainerConfig, name_prefix: str, *, storage_units: int = STORAGE_UNITS) -> None:
@@ -106,7 +107,7 @@ class TQPolicy:
 
     def _bootstrap(self) -> lifecycle.BootstrapDataPlane:
         if self.data_plane is None:
-            raise RuntimeError("the bootstrap data-plane client lives only in the driver's TQPolicy")
+            raise RuntimeError("the bootstrap data-plane client lives only in the driver's Trainers")
         return self.data_plane
 
     def load_data_plane_checkpoint(self, directory: Path) -> lifecycle.Restored:

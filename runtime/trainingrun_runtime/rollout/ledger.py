@@ -21,7 +21,9 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Ledger", "LedgerError", "Record", "State"]
+from trainingrun_runtime.errors import LedgerError
+
+__all__ = ["Ledger", "Record", "State"]
 
 
 class State(enum.StrEnum):
@@ -31,10 +33,6 @@ class State(enum.StrEnum):
     IN_FLIGHT = "in_flight"
     COMMITTED = "committed"
     CONSUMED = "consumed"
-
-
-class LedgerError(RuntimeError):
-    """A transition that the protocol forbids (a bug: e.g. training a prompt twice)."""
 
 
 @dataclasses.dataclass
@@ -135,8 +133,13 @@ class Ledger:
             self._records[uid] = record
         return redispatch
 
-    def check_exactly_once(self, served: int) -> None:
-        """Every uid below `served` is in the ledger and every CONSUMED one was consumed once; raises LedgerError."""
+    def check_served(self, next_uid: int) -> None:
+        """Every uid the loader served (those below `next_uid`) is in the ledger, and no other; LedgerError otherwise.
+
+        The restore runs it on the ledger and the loader place of the checkpoint: together with CONSUMED being
+        terminal, it is what makes every prompt trained exactly once across restarts.
+        """
+        served = next_uid
         missing = [u for u in range(served) if u not in self._records]
         if missing:
             raise LedgerError(f"uids {missing[:10]} left the loader but are not in the ledger")

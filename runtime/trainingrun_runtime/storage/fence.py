@@ -33,18 +33,12 @@ import socket
 from pathlib import Path
 
 from trainingrun_runtime import timestamps
-from trainingrun_runtime.errors import TrainingRunError
+from trainingrun_runtime.errors import Superseded, TrainingRunError
 from trainingrun_runtime.storage import files
 
-__all__ = ["OWNER_FILE", "Owner", "Superseded", "check", "claim", "owner"]
+__all__ = ["OWNER_FILE", "Owner", "check", "claim", "owner"]
 
 OWNER_FILE = "owner.json"
-
-
-class Superseded(TrainingRunError):
-    """A newer attempt owns the run directory; this attempt must stop writing to it (retrying cannot help)."""
-
-    retryable = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainingrun_runtime.storage import fence
-from trainingrun_runtime.errors import TrainingRunError
+from trainingrun_runtime.errors import Superseded, TrainingRunError
 
 
 def test_the_first_claim_creates_the_directory_and_names_the_owner(tmp_path: Path) -> None:
@@ -22,14 +22,14 @@ def test_a_newer_attempt_takes_over_and_the_older_one_may_no_longer_write(tmp_pa
     fence.claim(tmp_path, "uid-1", 1)
     fence.check(tmp_path, "uid-1", 1)
     fence.claim(tmp_path, "uid-1", 2)
-    with pytest.raises(fence.Superseded, match=r"attempt 2 of run uid uid-1 owns .* \(attempt 1 was about to rename\)"):
+    with pytest.raises(Superseded, match=r"attempt 2 of run uid uid-1 owns .* \(attempt 1 was about to rename\)"):
         fence.check(tmp_path, "uid-1", 1, "rename")
     fence.check(tmp_path, "uid-1", 2)
 
 
 def test_an_old_attempt_cannot_claim_back_a_directory_a_newer_attempt_owns(tmp_path: Path) -> None:
     fence.claim(tmp_path, "uid-1", 3)
-    with pytest.raises(fence.Superseded, match="about to start"):
+    with pytest.raises(Superseded, match="about to start"):
         fence.claim(tmp_path, "uid-1", 2)
     assert fence.owner(tmp_path) == fence.Owner("uid-1", 3)
 
@@ -43,7 +43,7 @@ def test_the_same_attempt_started_again_keeps_its_claim(tmp_path: Path) -> None:
 def test_a_new_run_of_the_same_name_takes_over_and_fences_every_attempt_of_the_old_one(tmp_path: Path) -> None:
     fence.claim(tmp_path, "old-uid", 5)
     fence.claim(tmp_path, "new-uid", 1)  # the old TrainingRun was deleted; its checkpoints were kept
-    with pytest.raises(fence.Superseded, match="took the directory over"):
+    with pytest.raises(Superseded, match="took the directory over"):
         fence.check(tmp_path, "old-uid", 5)
     fence.check(tmp_path, "new-uid", 1)
 

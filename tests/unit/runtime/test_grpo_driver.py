@@ -80,9 +80,9 @@ async def test_a_lane_that_returns_on_its_own_is_an_error() -> None:
 def test_an_index_rebuild_failure_in_the_actor_is_a_failed_restore_and_a_superseded_driver_is_not() -> None:
     from trainingrun_runtime.driver import entrypoint
     from trainingrun_runtime.storage import fence
-    from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
+    from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError, Superseded
 
     assert entrypoint.is_restore_error(PreflightError("ledger disagrees with the index"))
     assert entrypoint.is_restore_error(DigestError("digest mismatch"))
-    assert not entrypoint.is_restore_error(fence.Superseded("attempt 3 owns the directory"))
+    assert not entrypoint.is_restore_error(Superseded("attempt 3 owns the directory"))
     assert not entrypoint.is_restore_error(DataPlaneError("snapshot failed"))

@@ -15,7 +15,8 @@ import pytest
 
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.errors import DataPlaneError, PreflightError
-from trainingrun_runtime.dataplane.replay_buffer import GroupRows, TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_index import GroupRows
 
 pytestmark = pytest.mark.timeout(20)
 

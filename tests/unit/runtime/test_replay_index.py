@@ -14,7 +14,7 @@ import pytest
 
 from trainingrun_runtime import digest
 from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
-from trainingrun_runtime.dataplane.replay_buffer import ReplayIndex
+from trainingrun_runtime.dataplane.replay_index import ReplayIndex
 
 
 def make_index(groups: int = 3, *, capacity: int = 8) -> ReplayIndex:
@@ -31,9 +31,9 @@ def rebuild(state: dict[str, Any], **overrides: Any) -> ReplayIndex:
     return ReplayIndex.from_state_dict(state, **kwargs)
 
 
-def test_the_module_imports_no_ray_torch_or_transferqueue() -> None:
+def test_the_index_and_the_buffer_import_no_ray_torch_or_transferqueue() -> None:
     probe = (
-        "import sys, trainingrun_runtime.dataplane.replay_buffer\n"
+        "import sys, trainingrun_runtime.dataplane.replay_index, trainingrun_runtime.dataplane.replay_buffer\n"
         "print(','.join(n for n in ('ray', 'torch', 'transfer_queue', 'tensordict') if n in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

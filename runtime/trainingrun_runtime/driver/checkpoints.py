@@ -1,0 +1,164 @@
+"""The controller's checkpoint pipeline: the cut inline in the train pump, then commit, report and retention behind it.
+
+    save(step N)                                                       (called by the train pump every save_period)
+      wait for the previous commit; fence ("begin a save")             one save at a time: begin() cleans tmp_step_*
+      tmp_step_N/ ← policy/ (weights + optimizer)                      the trainer is idle: the pump waits
+      ┌ barrier.checkpoint(): replay index + capture() + inventory check + TransferQueue snapshot ┐   (checkpointer)
+      └ the lanes queue at reserve/commit only for this window ──────────────────────────────────┘
+      ── the pump goes on training from here; the rest runs as task checkpoint-commit-N ──
+      train_dataloader.pt ← the loader place and sampler cursor read in the cut
+      fence ("rename"); commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
+      report status.runtime.lastCheckpoint (only now); retention that keeps the step the operator would resume
+      from (read from the status); an attempt the operator has already ended stops here (Superseded)
+
+An `InventoryMismatch` in the cut abandons that save (logged) and training goes on; any other failure discards
+the pending save and is raised, by `save` or, for the background part, by the next `save`, `raise_if_failed` or
+`settle`. The fence (`storage.fence`): before a save's begin, its rename and retention, owner.json must still
+name this attempt, else Superseded: a zombie of an ended attempt stops writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainingrun_runtime import config, timestamps
+from trainingrun_runtime.dataplane import checkpointer
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.row_client import DataPlaneClient
+from trainingrun_runtime.driver import reporting
+from trainingrun_runtime.errors import InventoryMismatch, Superseded
+from trainingrun_runtime.storage import fence, layout, retention
+
+if TYPE_CHECKING:
+    from trainingrun_runtime.driver.controller import SingleControllerActorArgs
+
+__all__ = ["Checkpoints"]
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints:
+    """Writes this attempt's checkpoints (see the module docstring); one instance per controller run."""
+
+    def __init__(
+        self,
+        args: SingleControllerActorArgs,
+        *,
+        client: DataPlaneClient,
+        buffer: TQReplayBuffer,
+        barrier: DataPlaneCheckpointBarrier,
+        reports: reporting.ProgressReports,
+    ) -> None:
+        self._args = args
+        self._reports = reports
+        self._saver = checkpointer.DataPlaneCheckpointer(
+            args.root, args.run, dataplane=client, buffer=buffer, barrier=barrier, on_stage=self._stage
+        )
+        self._commit: asyncio.Task[None] | None = None
+        self._saving_step = -1
+        self.last: reporting.CheckpointReport | None = args.restored.last_checkpoint
+        """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
+        self.exclusive_s: list[float] = []
+        """The barrier's exclusive window of each checkpoint this attempt committed (seconds)."""
+
+    async def save(self, step: int, reward: float, capture: Callable[[], Mapping[str, Any]]) -> None:
+        """Write step N: the policy and the barrier cut now, the commit in the background (see the module)."""
+        a = self._args
+        await self.settle()  # one save at a time: begin() cleans every tmp_step_* it finds
+        self._fence("begin a save")  # begin() would clean a newer attempt's unfinished tmp_step_*
+        self._saving_step = step
+        pending = await asyncio.to_thread(self._saver.begin, step)
+        try:
+            weights_sha = await a.trainers.save(pending.path / layout.POLICY)
+            a.crash.reach("policy_saved", step)
+            snap = await pending.snapshot(capture=capture)  # the one exclusive barrier cut
+        except InventoryMismatch as e:
+            pending.abort()
+            log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
+            return
+        except BaseException:
+            pending.abort()
+            raise
+        self._commit = asyncio.create_task(
+            self._finish(pending, snap, step, reward, weights_sha), name=f"checkpoint-commit-{step}"
+        )
+
+    async def settle(self) -> None:
+        """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""
+        task, self._commit = self._commit, None
+        if task is not None:
+            await task
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the background commit's failure, if it has failed (without waiting for it)."""
+        if self._commit is not None and self._commit.done() and not self._commit.cancelled():
+            error = self._commit.exception()
+            if error is not None:
+                self._commit = None
+                raise error
+
+    async def _finish(
+        self, pending: checkpointer.PendingCheckpoint, snap: checkpointer.Snapshot, step: int, reward: float, sha: str
+    ) -> None:
+        """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
+        a = self._args
+        try:
+            loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
+            await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
+            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
+            self._fence(f"rename tmp_step_{step}")
+            path = await asyncio.to_thread(
+                lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
+            )
+        except BaseException:
+            pending.abort()
+            raise
+        self.last = reporting.CheckpointReport(
+            step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
+            weightsSha256=sha, time=timestamps.now(),
+        )  # fmt: skip
+        self.exclusive_s.append(snap.exclusive_s)
+        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
+                         exclusive_s=snap.exclusive_s)  # fmt: skip
+        await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
+        a.crash.reach("reported", step)
+        await self._retain(path)
+
+    async def _retain(self, path: Path) -> None:
+        """Retention that never deletes the step the operator would resume from; stop if the attempt ended.
+
+        An attempt the operator has ended can live on for a while (a pod in its termination grace period
+        trains and saves on; a partitioned node): its reports are no longer recorded, so the step the next
+        attempt is pinned to falls behind, and plain keep-last retention would delete it.
+        """
+        a = self._args
+        cp = a.config.checkpoint
+        view = await asyncio.to_thread(a.status_reporter.operator_view)
+        if view is None:
+            log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
+            return
+        if view.ended(a.attempt):
+            raise Superseded(
+                f"the operator ended attempt {a.attempt} (its current attempt: {view.attempt}); this driver lives on "
+                "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
+            )
+        protect = () if view.pinned is None else (view.pinned,)
+        self._fence("apply retention")  # it could delete the step a newer attempt restored from
+        await asyncio.to_thread(
+            lambda: retention.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
+        )
+
+    def _fence(self, doing: str) -> None:
+        """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""
+        a = self._args
+        fence.check(layout.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
+
+    def _stage(self, name: str) -> None:
+        self._args.crash.reach(name, self._saving_step)
