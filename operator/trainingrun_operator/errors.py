@@ -1,28 +1,18 @@
 """The operator's error vocabulary. kopf-free: only `handlers.py` turns these into kopf errors.
 
-Each class says what went wrong and whether retrying the same reconcile can help (`retryable`).
+Each class says what went wrong and whether retrying the same reconcile can help (`retryable`, read by
+`handlers.supervise` to choose the delay before the next pass).
 """
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "IllegalTransition", "InvalidSpec", "OperatorError", "ReportError"]
+__all__ = ["ApiError", "IllegalTransition", "OperatorError"]
 
 
 class OperatorError(Exception):
     """Base of every operator error."""
 
     retryable: bool = False
-
-
-class InvalidSpec(OperatorError):
-    """The TrainingRun's spec cannot run (e.g. spec.trainer fails RuntimeConfig); retrying is useless until edited."""
-
-    retryable = False
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
 
 
 class IllegalTransition(OperatorError):
@@ -39,9 +29,3 @@ class ApiError(OperatorError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-class ReportError(OperatorError):
-    """A driver's runtime report could not be read (local backend: a torn or malformed runtime.json); retry."""
-
-    retryable = True
