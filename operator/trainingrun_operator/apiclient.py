@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
 import functools
 import json
 import logging
@@ -31,6 +30,7 @@ import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
 from trainingrun_operator import errors, model, naming
+from trainingrun_runtime import timestamps
 
 __all__ = ["Api", "load_configuration"]
 
@@ -212,7 +212,7 @@ class Api:
     async def post_event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the TrainingRun (what `kubectl describe trun` shows)."""
         meta = run["metadata"]
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = timestamps.now(timespec="seconds")  # what the API server keeps of an event's time
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -229,8 +229,8 @@ class Api:
             "reason": reason,
             "message": message[:1024],
             "source": {"component": naming.MANAGED_BY},
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
             "reportingComponent": naming.MANAGED_BY,
         }

@@ -32,6 +32,7 @@ from trainingrun_operator import conditions, model, naming, patching, phases, re
 from trainingrun_operator.classification import FailureClass, Outcome, classify
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
+from trainingrun_runtime import timestamps
 
 __all__ = [
     "MAX_ATTEMPT_HISTORY",
@@ -44,7 +45,6 @@ __all__ = [
     "Event",
     "Inputs",
     "decide",
-    "rfc3339",
 ]
 
 MAX_CHECKPOINT_HISTORY = 20
@@ -117,22 +117,6 @@ class Decision:
         return Phase(self.status.phase or Phase.PENDING.value)
 
 
-def rfc3339(when: datetime.datetime) -> str:
-    """UTC timestamp as the API server writes it: 2025-01-02T03:04:05Z."""
-    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339_ms(when: datetime.datetime) -> str:
-    """UTC timestamp with milliseconds (2025-01-02T03:04:05.678Z): for deadlines shorter than a second."""
-    return when.astimezone(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 # ------------------------------------------------------------------------------------------- the pass
 
 
@@ -141,7 +125,7 @@ class _Pass:
 
     def __init__(self, inputs: Inputs) -> None:
         self.inputs = inputs
-        self.now = rfc3339(inputs.now)
+        self.now = timestamps.rfc3339(inputs.now, timespec="seconds")  # as the API server writes times
         st = inputs.status
         self.phase = Phase(st.phase or Phase.PENDING.value)
         self.reason = st.reason or ""
@@ -312,7 +296,7 @@ class _Pass:
             self.fail("BudgetExhausted", f"{failure.value}: {outcome.detail}; {charged.exhausted}")
         else:
             wake = self.inputs.now + datetime.timedelta(seconds=charged.delay_seconds)
-            self.update(next_attempt_time=rfc3339_ms(wake))
+            self.update(next_attempt_time=timestamps.rfc3339(wake))  # to the millisecond: backoffs below 1 s
             self.move(
                 Phase.RESTARTING,
                 failure.value,
@@ -377,7 +361,8 @@ class _Pass:
         if not self.pods_gone():
             self.wait(POLL_SECONDS)
             return
-        wake = _parse_time(self.status.next_attempt_time)
+        due = self.status.next_attempt_time
+        wake = timestamps.parse(due) if due else None
         if wake is not None and wake > self.inputs.now:
             self.wait((wake - self.inputs.now).total_seconds())
             return

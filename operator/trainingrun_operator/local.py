@@ -43,6 +43,7 @@ import yaml
 from trainingrun_operator import decision, model, patching, processes, validation
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
+from trainingrun_runtime import timestamps
 
 __all__ = ["Chaos", "DriverProcess", "LocalRun", "load_run", "read_rewards", "run_file"]
 
@@ -296,7 +297,7 @@ class LocalRun:
             self.event(action)
 
     def event(self, event: decision.Event) -> None:
-        now = decision.rfc3339(self.clock())
+        now = timestamps.rfc3339(self.clock(), timespec="seconds")
         with open(self.dir / "events.jsonl", "a") as out:
             out.write(json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n")
         print(f"{now} {event.type:7} {event.reason}: {event.message}", file=self.console, flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 from trainingrun_operator import decision, model, patching
 from trainingrun_operator.decision import CreateAttempt, DeleteRayJob, EnsureIdentity, Event
 from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
@@ -184,7 +186,9 @@ def test_three_application_failures_fail_the_run_with_growing_backoff() -> None:
         store.decide(failed(n))
         if n < 3:
             assert store.phase == "Restarting"
-            wake = datetime.datetime.fromisoformat(store.status["nextAttemptTime"].replace("Z", "+00:00"))
+            due = store.status["nextAttemptTime"]
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", due), "to the millisecond, in UTC"
+            wake = timestamps.parse(due)
             delays.append((wake - store.now).total_seconds())
             early = store.decide(gone(n))
             assert creates(early) == [] and early.requeue_after == pytest.approx(delays[-1])
@@ -392,6 +396,16 @@ def test_conditions_carry_the_generation_and_keep_their_transition_time() -> Non
     again = {c["type"]: c for c in store.status["conditions"]}["Running"]
     assert again["lastTransitionTime"] == first["lastTransitionTime"]
     assert again["observedGeneration"] == 2 and store.status["observedGeneration"] == 2
+
+
+def test_status_times_are_written_to_the_second_and_the_next_attempts_time_to_the_millisecond() -> None:
+    store = Store()
+    store.now = T0 + datetime.timedelta(seconds=1, microseconds=987654)
+    start_and_run(store)
+    store.decide(failed(1))
+    assert store.status["attempt"]["start"] == "2025-01-01T00:00:01Z", "truncated, as the API server writes times"
+    assert {c["lastTransitionTime"] for c in store.status["conditions"]} == {"2025-01-01T00:00:01Z"}
+    assert store.status["nextAttemptTime"] == "2025-01-01T00:00:11.987Z"  # tiny's backoff here: 10 s
 
 
 def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() -> None:

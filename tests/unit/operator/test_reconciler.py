@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from trainingrun_operator import handlers, reconciler, wakeups
+from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
@@ -226,7 +227,7 @@ def restarting(next_attempt_in: float) -> dict[str, Any]:
     wake = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=next_attempt_in)
     run["status"].update(
         phase="Restarting", reason="ApplicationFailure", consecutiveFailures=1,
-        nextAttemptTime=wake.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        nextAttemptTime=timestamps.rfc3339(wake),
     )
     run["status"]["attempt"].update(end="2025-01-01T00:00:01Z", reason="ApplicationFailure")
     return run
