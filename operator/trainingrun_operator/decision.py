@@ -6,7 +6,8 @@ machine; both only gather the inputs and carry out the actions. No kopf, no I/O,
 One pass runs in a fixed order:
 
     terminal? ──> (Failed: delete a leftover RayJob) done
-    validate spec ──> invalid: Failed (condition names the field)
+    invalid? ──> Failed/InvalidSpec, naming the field: the caller's `problem` (the object does not parse),
+                 else spec.trainer against the runtime's RuntimeConfig (validation.spec_problem)
     fold status.runtime (fenced: only the current attempt's report, until it ends unless it succeeded)
     delete RayJobs of other attempts
     switch on phase:
@@ -57,15 +58,24 @@ POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """Everything one decision needs. `observed` is about `status.attempt` (None: nothing looked up yet)."""
+    """Everything one decision needs. `observed` is about `status.attempt` (None: nothing looked up yet).
+
+    `problem`: why the object the caller read is invalid, found while parsing it ('<field path>: <what>');
+    `spec` is None then (a spec that does not parse). A run with a problem fails unless it already ended.
+    """
 
     run: str
     namespace: str
     generation: int
-    spec: model.TrainingRunSpec
+    spec: model.TrainingRunSpec | None
     status: model.TrainingRunStatus
     observed: AttemptObservation | None
     now: datetime.datetime
+    problem: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec is None and not self.problem:
+            raise ValueError("decision.Inputs: no spec, and no problem saying why")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +159,11 @@ class _Pass:
         self.phase, self.reason, self.message = phase, reason, message
 
     @property
+    def spec(self) -> model.TrainingRunSpec:
+        assert self.inputs.spec is not None, "decide() fails a run without a spec before anything reads it"
+        return self.inputs.spec
+
+    @property
     def attempt(self) -> model.AttemptRecord | None:
         return self.status.attempt
 
@@ -208,7 +223,7 @@ class _Pass:
         for ckpt in reversed([*(book.history or []), *([book.latest] if book.latest else [])]):
             if ckpt.step not in bad:
                 return True, ckpt.step
-        resume = self.inputs.spec.resume
+        resume = self.spec.resume
         if resume.policy == "step" and resume.step is not None and resume.step not in bad:
             return True, resume.step
         if bad:
@@ -282,7 +297,7 @@ class _Pass:
             # "latest" would pick the same one again. A user can pin an older one with spec.resume.
             permanent = True
         charged = restarts.charge(
-            self.inputs.spec.restart_policy,
+            self.spec.restart_policy,
             self.status.restarts or model.RestartCounts(),
             self.status.consecutive_failures or 0,
             failure,
@@ -395,7 +410,7 @@ def decide(inputs: Inputs) -> Decision:
         if p.phase is Phase.FAILED:
             p.delete_current_rayjob()
         return _conditions_and_patch(p, inputs.status)
-    problem = validation.spec_problem(inputs.spec)
+    problem = inputs.problem or validation.spec_problem(p.spec)
     if problem is not None:
         p.end_attempt("InvalidSpec", problem)
         p.fail("InvalidSpec", problem)
@@ -403,7 +418,7 @@ def decide(inputs: Inputs) -> Decision:
     p.fold_runtime_report()
     for name in p.observed.other_rayjobs:
         p.actions.append(DeleteRayJob(name))
-    suspend = inputs.spec.suspend
+    suspend = p.spec.suspend
     if p.phase is Phase.PENDING:
         p.suspend() if suspend else p.on_waiting()
     elif p.phase in (Phase.STARTING, Phase.RUNNING):

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from trainingrun_operator import handlers, reconciler, wakeups
+from trainingrun_operator import handlers, patching, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
@@ -36,6 +36,7 @@ class FakeApi:
         self.log: list[str] = []
         self.in_flight: set[str] = set()
         self.overlapped: dict[str, set[str]] = {}
+        self.events: list[tuple[str, str]] = []
 
     async def _call(self, what: str, result: Any = None) -> Any:
         self.log.append(f"start {what}")
@@ -62,6 +63,7 @@ class FakeApi:
 
     async def patch_trainingrun_status(self, namespace: str, name: str, patch: dict[str, Any]) -> str | None:
         await self._call("patch status")
+        self.run["status"] = patching.apply(self.run.get("status") or {}, patch)
         return "11"
 
     async def create_service_account(self, body: dict[str, Any]) -> bool:
@@ -77,10 +79,14 @@ class FakeApi:
         return bool(await self._call("create rayjob", True))
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
+        for job in self.jobs:
+            if job["metadata"]["name"] == name:
+                job["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"  # being deleted, as KubeRay's finalizer keeps it
         return bool(await self._call(f"delete rayjob {name}", True))
 
     async def post_event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
         await self._call(f"event {reason}")
+        self.events.append((reason, message))
 
 
 async def test_a_pass_reads_the_run_its_rayjobs_and_its_pods_concurrently() -> None:
@@ -251,3 +257,33 @@ async def test_a_pass_woken_long_before_it_is_due_decides_at_once() -> None:
     )
     assert "start create rayjob" not in api.log and time.monotonic() - started < 0.1
     assert requeue is not None and 0.8 < requeue <= 1.0
+
+
+async def test_a_run_that_does_not_parse_fails_once_naming_its_first_invalid_field_and_its_rayjob_goes() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+    run["spec"]["checkpoint"]["savePeriod"] = 0
+    api = FakeApi(run, jobs)
+    assert await reconciler.reconcile(api, "ns", "tiny", lambda: NOW) is None  # type: ignore[arg-type]
+    problem = "spec.checkpoint.savePeriod: Input should be greater than or equal to 1"
+    status = api.run["status"]
+    assert (status["phase"], status["reason"], status["message"]) == ("Failed", "InvalidSpec", problem)
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Failed"] == "True"
+    assert status["attempt"]["reason"] == "InvalidSpec" and status["attempt"]["end"] == "2025-01-01T00:00:00Z"
+    assert ("InvalidSpec", problem) in api.events and "start delete rayjob tiny-a1" in api.log
+
+    api.log.clear()
+    api.events.clear()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "end get run" in api.log, "the second pass ran"
+    assert "start patch status" not in api.log and not api.events, "the same problem is written and announced once"
+
+
+async def test_a_status_field_that_does_not_parse_is_named_and_left_alone() -> None:
+    run = tiny({"phase": "Pending", "restarts": {"total": "many"}})
+    api = FakeApi(run)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    status = api.run["status"]
+    assert status["phase"] == "Failed" and status["message"].startswith("status.restarts.total: ")
+    assert status["restarts"] == {"total": "many"}, "the operator's patch never names the field it cannot read"
+    assert reconciler.read(api.run).status.phase == "Failed"
