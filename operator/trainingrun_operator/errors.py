@@ -1,12 +1,13 @@
 """The operator's error vocabulary. kopf-free: only `handlers.py` turns these into kopf errors.
 
 Each class says what went wrong and whether retrying the same reconcile can help (`retryable`, read by
-`handlers.supervise` to choose the delay before the next pass).
+`handlers.supervise` to choose the delay before the next pass). `InvalidInput` never reaches a reconcile: the
+command line (`cli.main`) prints it and exits 2.
 """
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "IllegalTransition", "OperatorError"]
+__all__ = ["ApiError", "IllegalTransition", "InvalidInput", "OperatorError"]
 
 
 class OperatorError(Exception):
@@ -29,3 +30,20 @@ class ApiError(OperatorError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class InvalidInput(OperatorError):
+    """What a user handed a command (a TrainingRun file, a kubeconfig) cannot be used; fix it and run it again.
+
+    The message is complete as it is: it names the file, and the line and column or the invalid fields.
+    """
+
+    @classmethod
+    def in_yaml(cls, path: str, error: Exception) -> InvalidInput:
+        """A file that is not valid YAML: `path:line:column: not valid YAML: <the parser's words>`."""
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        if mark is None or problem is None:
+            return cls(f"{path}: not valid YAML: {str(error).splitlines()[0]}")
+        context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+        where = f" ({context} at line {context_mark.line + 1})" if context and context_mark is not None else ""
+        return cls(f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{where}")
