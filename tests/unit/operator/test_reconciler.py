@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
-import inspect
 import pathlib
 import time
 from typing import Any
 
 import yaml
 
-from trainingrun_operator import handlers, patching, reconciler, wakeups
+from trainingrun_operator import patching, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
@@ -168,36 +167,6 @@ async def test_a_zero_delay_stays_zero_however_long_the_pass_took() -> None:
     started = time.monotonic()
     requeue = await reconciler.reconcile(FakeApi(run, jobs, delay=0.05), "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
     assert time.monotonic() - started > 0.05 and requeue == 0.0
-
-
-async def test_watch_handlers_are_coroutines_and_a_runs_event_wakes_it_only_with_news() -> None:
-    # kopf runs plain functions in threads; asyncio.Event must be set on the loop.
-    for handler in (handlers.run_changed, handlers.rayjob_changed, handlers.pod_changed, handlers.node_changed):
-        assert inspect.iscoroutinefunction(handler), handler.__name__
-    memo = handlers.Memo(api=None)  # type: ignore[arg-type]
-    event = memo.wakeups.event("ns", "tiny")
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny(), memo=memo)
-    assert event.is_set(), "a run no pass has read yet was not woken"
-    event.clear()
-    memo.wakeups.saw("ns", "tiny", tiny())
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"phase": "Running"}), memo=memo)
-    assert not event.is_set(), "the operator's own status write woke the run"
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo)
-    assert event.is_set(), "the driver's report did not wake the run"
-
-
-def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
-    """kopf's default diffbase storage would patch every new run once more, writing its spec into an annotation."""
-    import kopf
-
-    settings = kopf.OperatorSettings()
-    handlers.configure(settings=settings)
-    storage = settings.persistence.diffbase_storage
-    body = kopf.Body(tiny())
-    patch = kopf.Patch()
-    storage.store(body=body, patch=patch, essence=storage.build(body=body))
-    assert storage.fetch(body=body) is None and not patch
-    assert storage.build(body=body) == {}, "no deep copy of every watched object on every event"
 
 
 async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is_deleted_even_if_the_condition_is_gone() -> None:
