@@ -2,6 +2,7 @@
 
     trainingrun run FILE [--root DIR] [--chaos]
 
+The file is read and checked by `runfile.load` (what is wrong, and on which line, before anything starts).
 Every TICK seconds the supervisor does what the operator does on a cluster, with a driver process standing in
 for the RayJob:
 
@@ -38,14 +39,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-import yaml
-
-from trainingrun_operator import decision, errors, model, patching, processes, validation
+from trainingrun_operator import decision, errors, model, patching, processes, runfile, validation
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
 from trainingrun_runtime import timestamps
 
-__all__ = ["Chaos", "DriverProcess", "LocalRun", "load_run", "read_rewards", "run_file"]
+__all__ = ["Chaos", "DriverProcess", "LocalRun", "read_rewards", "run_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,94 +52,6 @@ TICK_SECONDS = 0.25
 MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
 KILL_GRACE_SECONDS = 10.0
 _REWARD_LINE = re.compile(r"step (\d+): reward (-?[0-9.]+(?:e-?\d+)?)")
-
-
-def load_run(path: pathlib.Path) -> model.TrainingRun:
-    """The first TrainingRun in a YAML file, checked as the operator checks one: the model (the CRD's mirror) and
-    spec.trainer against the runtime's RuntimeConfig (validation.run_problems). `status` in the file is ignored.
-
-    Raises errors.InvalidInput naming the file, and the line and column of a YAML error or of every invalid field.
-    """
-    documents = _yaml_documents(path, _text_of(path))
-    runs = [(node, doc) for node, doc in documents if isinstance(doc, dict) and doc.get("kind") == model.KIND]
-    if not runs:
-        raise errors.InvalidInput(
-            f"{path}: no TrainingRun in this file ({_what_is_in(documents)}); "
-            f"a TrainingRun starts with `apiVersion: {model.API_VERSION}` and `kind: {model.KIND}`"
-        )
-    node, doc = runs[0]
-    doc = {**doc, "status": None}
-    found = validation.run_problems(doc)
-    if found:
-        raise errors.InvalidInput(_problems_message(path, node, doc, found))
-    return model.TrainingRun.model_validate(doc)
-
-
-def _text_of(path: pathlib.Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise errors.InvalidInput(f"{path}: no such file") from exc
-    except IsADirectoryError as exc:
-        raise errors.InvalidInput(f"{path}: is a directory; give a TrainingRun YAML file") from exc
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidInput(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
-    except OSError as exc:
-        raise errors.InvalidInput(f"{path}: cannot read it: {exc.strerror or exc}") from exc
-
-
-def _yaml_documents(path: pathlib.Path, text: str) -> list[tuple[yaml.Node, Any]]:
-    """Each YAML document of `text`: its node (where each key is) and its value."""
-    try:
-        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
-        return [(node, yaml.SafeLoader("").construct_document(node)) for node in nodes]
-    except yaml.YAMLError as exc:
-        raise errors.InvalidInput.in_yaml(str(path), exc) from exc
-
-
-def _what_is_in(documents: list[tuple[yaml.Node, Any]]) -> str:
-    if not documents:
-        return "it is empty"
-    found = []
-    for _node, doc in documents:
-        if isinstance(doc, dict) and doc.get("kind"):
-            name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
-            found.append(f"{doc['kind']} {name}" if name else str(doc["kind"]))
-        elif isinstance(doc, dict):
-            found.append("a mapping without kind")
-        else:
-            found.append({type(None): "an empty document", list: "a list", str: "plain text"}.get(type(doc), "a single value"))
-    return "found: " + ", ".join(found)
-
-
-def _problems_message(
-    path: pathlib.Path, node: yaml.Node, doc: Mapping[str, Any], found: list[validation.Problem]
-) -> str:
-    """`FILE: TrainingRun NAME has N invalid fields:` then `  FILE:LINE:COLUMN: PATH: RULE` in the file's order."""
-    rows = sorted(((_position(node, p.loc), p) for p in found), key=lambda row: row[0])
-    metadata = doc.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    what = f"TrainingRun {name}" if name else "the TrainingRun"
-    count = f"{len(found)} invalid field{'s' if len(found) > 1 else ''}"
-    lines = [f"  {path}:{line}:{column}: {problem.path}: {problem.explained}" for (line, column), problem in rows]
-    return "\n".join([f"{path}: {what} has {count}:", *lines])
-
-
-def _position(node: yaml.Node, loc: tuple[str | int, ...]) -> tuple[int, int]:
-    """Line and column (from 1) of the key at `loc` under `node`; of its nearest present parent if it is missing."""
-    mark = node.start_mark
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            hit = next((pair for pair in node.value if isinstance(pair[0], yaml.ScalarNode) and pair[0].value == part), None)
-            if hit is None:
-                break
-            mark, node = hit[0].start_mark, hit[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            mark = node.start_mark
-        else:
-            break
-    return mark.line + 1, mark.column + 1
 
 
 def _write_json_atomically(path: pathlib.Path, value: Any) -> None:
@@ -503,7 +414,7 @@ def _make_root(root: pathlib.Path) -> None:
 def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, seed: int | None = None) -> int:
     """`trainingrun run`: 0 if the run succeeded, 1 if it failed; errors.InvalidInput for a file or root that
     cannot be used (the command line exits 2)."""
-    run = load_run(path)
+    run = runfile.load(path)
     _make_root(root)
     local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None)
     previous = _read_json(local.dir / "status.json") or {}
