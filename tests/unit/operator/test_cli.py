@@ -173,3 +173,14 @@ def test_no_credentials_at_all_says_where_it_looked(
         f"trainingrun operator: error: no Kubernetes credentials: not in a pod, and no kubeconfig at "
         f"KUBECONFIG={tmp_path / 'absent'}; pass --kubeconfig FILE or point KUBECONFIG at one\n"
     )
+
+
+def test_the_charts_deployment_arguments_parse(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+    """The chart passes `operator --log-level=...` (after the subcommand); the parser once rejected that."""
+    rendered = EXAMPLE.parents[1] / "deploy" / "trainingrun-operator.yaml"
+    (deployment,) = [d for d in yaml.safe_load_all(rendered.read_text()) if d and d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--log-level=INFO" in container["args"]
+    missing = tmp_path / "kubeconfig"
+    code, err = trainingrun(capsys, *container["args"], "--kubeconfig", str(missing))
+    assert code == 2 and err == f"trainingrun operator: error: --kubeconfig {missing}: no such file\n"
