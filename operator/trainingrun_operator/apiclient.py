@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
 import functools
 import json
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import kubernetes.client
 import kubernetes.config
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from trainingrun_operator import errors, model, naming
+from trainingrun_runtime import timestamps
 
 __all__ = ["Api", "load_configuration"]
 
@@ -43,7 +45,10 @@ discard, a connection of its own)."""
 
 
 def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.Configuration:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config).
+
+    errors.InvalidInput, naming the file, when no credentials can be loaded.
+    """
     configuration = kubernetes.client.Configuration()
     if kubeconfig is None:
         try:
@@ -51,10 +56,35 @@ def load_configuration(kubeconfig: str | None = None, context: str | None = None
             return configuration
         except kubernetes.config.ConfigException:
             pass
-    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context, client_configuration=configuration
-    )
+    source = _kubeconfig_source(kubeconfig)
+    if kubeconfig is not None and not os.path.lexists(kubeconfig):
+        raise errors.InvalidInput(f"{source}: no such file")
+    try:
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, context=context, client_configuration=configuration
+        )
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise errors.InvalidInput.in_yaml(getattr(mark, "name", None) or source, exc) from exc
+    except OSError as exc:
+        raise errors.InvalidInput(f"{source}: cannot read it: {exc.strerror or exc}") from exc
+    except kubernetes.config.ConfigException as exc:
+        if "No configuration found" in str(exc) and kubeconfig is None:
+            raise errors.InvalidInput(
+                f"no Kubernetes credentials: not in a pod, and no kubeconfig at {source}; "
+                "pass --kubeconfig FILE or point KUBECONFIG at one"
+            ) from exc
+        raise errors.InvalidInput(f"{source}: {exc}") from exc
     return configuration
+
+
+def _kubeconfig_source(kubeconfig: str | None) -> str:
+    """How the kubeconfig was named, for a message: the option, the environment variable, or the default path."""
+    if kubeconfig is not None:
+        return f"--kubeconfig {kubeconfig}"
+    if os.environ.get("KUBECONFIG"):
+        return f"KUBECONFIG={os.environ['KUBECONFIG']}"
+    return "~/.kube/config"
 
 
 def _status(exc: ApiException) -> int:
@@ -212,7 +242,7 @@ class Api:
     async def post_event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event on the TrainingRun (what `kubectl describe trun` shows)."""
         meta = run["metadata"]
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = timestamps.now(timespec="seconds")  # what the API server keeps of an event's time
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -229,8 +259,8 @@ class Api:
             "reason": reason,
             "message": message[:1024],
             "source": {"component": naming.MANAGED_BY},
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
+            "firstTimestamp": now,
+            "lastTimestamp": now,
             "count": 1,
             "reportingComponent": naming.MANAGED_BY,
         }

@@ -5,7 +5,10 @@
     trainingrun run FILE [--root DIR] [--chaos]
         one TrainingRun on this machine, without Kubernetes (local.py), same decision core
 
-kopf and the Kubernetes client are imported only by `trainingrun operator`, so local mode needs neither.
+Input a command cannot use (a missing or malformed file, an invalid TrainingRun, a kubeconfig without
+credentials) is one message on stderr that names the file and the line or the fields, and exit status 2, as
+for a bad option; `--log-level DEBUG` adds the traceback. kopf and the Kubernetes client are imported only by
+`trainingrun operator`, so local mode needs neither.
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainingrun_operator import errors
+
 if TYPE_CHECKING:
     from trainingrun_operator import apiclient
 
 __all__ = ["main", "operate"]
 
+logger = logging.getLogger(__name__)
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 async def operate(
@@ -77,10 +85,14 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainingrun", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING (env LOG_LEVEL)")
+    log_help = "DEBUG (adds the traceback to an error), INFO, WARNING, ERROR (env LOG_LEVEL)"
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=os.environ.get("LOG_LEVEL", "INFO"), help=log_help)
+    # Also accepted after the subcommand (`trainingrun run x.yaml --log-level DEBUG`); unset there, the above holds.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS, help=log_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    op = sub.add_parser("operator", help="run the Kubernetes operator")
+    op = sub.add_parser("operator", parents=[common], help="run the Kubernetes operator")
     op.add_argument("--namespace", "-n", action="append", help="watch only this namespace (repeatable; env WATCH_NAMESPACES)")
     op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     op.add_argument("--peering", default=None, help="kopf peering name: one active replica among those sharing it")
@@ -89,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("--context", default=None)
     op.set_defaults(func=_operator_command)
 
-    run = sub.add_parser("run", help="run a TrainingRun YAML on this machine (no Kubernetes)")
+    run = sub.add_parser("run", parents=[common], help="run a TrainingRun YAML on this machine (no Kubernetes)")
     run.add_argument("file", help="a TrainingRun YAML, e.g. manifests/examples/tiny.yaml")
     run.add_argument("--root", default="runs", help="checkpoints in ROOT/<run>/step_N/, status in ROOT/<run>/status.json")
     run.add_argument("--chaos", action="store_true", help="kill the driver at random moments to show a resume")
@@ -107,7 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chatty in ("kopf.objects", "aiohttp.access", "kopf.activities.probe"):
             logging.getLogger(chatty).setLevel(logging.WARNING)
     warnings.filterwarnings("once", message="Unverified HTTPS request")
-    result: Any = args.func(args)
+    try:
+        result: Any = args.func(args)
+    except errors.InvalidInput as exc:
+        logger.debug("trainingrun %s: the input cannot be used", args.command, exc_info=True)
+        print(f"trainingrun {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     return int(result)
 
 

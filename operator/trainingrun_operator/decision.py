@@ -6,7 +6,8 @@ machine; both only gather the inputs and carry out the actions. No kopf, no I/O,
 One pass runs in a fixed order:
 
     terminal? ──> (Failed: delete a leftover RayJob) done
-    validate spec ──> invalid: Failed (condition names the field)
+    invalid? ──> Failed/InvalidSpec, naming the field: the caller's `problem` (the object does not parse),
+                 else spec.trainer against the runtime's RuntimeConfig (validation.spec_problem)
     fold status.runtime (fenced: only the current attempt's report, until it ends unless it succeeded)
     delete RayJobs of other attempts
     switch on phase:
@@ -32,6 +33,7 @@ from trainingrun_operator import conditions, model, naming, patching, phases, re
 from trainingrun_operator.classification import FailureClass, Outcome, classify
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
+from trainingrun_runtime import timestamps
 
 __all__ = [
     "MAX_ATTEMPT_HISTORY",
@@ -44,7 +46,6 @@ __all__ = [
     "Event",
     "Inputs",
     "decide",
-    "rfc3339",
 ]
 
 MAX_CHECKPOINT_HISTORY = 20
@@ -57,15 +58,24 @@ POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """Everything one decision needs. `observed` is about `status.attempt` (None: nothing looked up yet)."""
+    """Everything one decision needs. `observed` is about `status.attempt` (None: nothing looked up yet).
+
+    `problem`: why the object the caller read is invalid, found while parsing it ('<field path>: <what>');
+    `spec` is None then (a spec that does not parse). A run with a problem fails unless it already ended.
+    """
 
     run: str
     namespace: str
     generation: int
-    spec: model.TrainingRunSpec
+    spec: model.TrainingRunSpec | None
     status: model.TrainingRunStatus
     observed: AttemptObservation | None
     now: datetime.datetime
+    problem: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.spec is None and not self.problem:
+            raise ValueError("decision.Inputs: no spec, and no problem saying why")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,22 +127,6 @@ class Decision:
         return Phase(self.status.phase or Phase.PENDING.value)
 
 
-def rfc3339(when: datetime.datetime) -> str:
-    """UTC timestamp as the API server writes it: 2025-01-02T03:04:05Z."""
-    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def rfc3339_ms(when: datetime.datetime) -> str:
-    """UTC timestamp with milliseconds (2025-01-02T03:04:05.678Z): for deadlines shorter than a second."""
-    return when.astimezone(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _parse_time(text: str | None) -> datetime.datetime | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 # ------------------------------------------------------------------------------------------- the pass
 
 
@@ -141,7 +135,7 @@ class _Pass:
 
     def __init__(self, inputs: Inputs) -> None:
         self.inputs = inputs
-        self.now = rfc3339(inputs.now)
+        self.now = timestamps.rfc3339(inputs.now, timespec="seconds")  # as the API server writes times
         st = inputs.status
         self.phase = Phase(st.phase or Phase.PENDING.value)
         self.reason = st.reason or ""
@@ -163,6 +157,11 @@ class _Pass:
 
     def move(self, phase: Phase, reason: str = "", message: str = "") -> None:
         self.phase, self.reason, self.message = phase, reason, message
+
+    @property
+    def spec(self) -> model.TrainingRunSpec:
+        assert self.inputs.spec is not None, "decide() fails a run without a spec before anything reads it"
+        return self.inputs.spec
 
     @property
     def attempt(self) -> model.AttemptRecord | None:
@@ -224,7 +223,7 @@ class _Pass:
         for ckpt in reversed([*(book.history or []), *([book.latest] if book.latest else [])]):
             if ckpt.step not in bad:
                 return True, ckpt.step
-        resume = self.inputs.spec.resume
+        resume = self.spec.resume
         if resume.policy == "step" and resume.step is not None and resume.step not in bad:
             return True, resume.step
         if bad:
@@ -298,7 +297,7 @@ class _Pass:
             # "latest" would pick the same one again. A user can pin an older one with spec.resume.
             permanent = True
         charged = restarts.charge(
-            self.inputs.spec.restart_policy,
+            self.spec.restart_policy,
             self.status.restarts or model.RestartCounts(),
             self.status.consecutive_failures or 0,
             failure,
@@ -312,7 +311,7 @@ class _Pass:
             self.fail("BudgetExhausted", f"{failure.value}: {outcome.detail}; {charged.exhausted}")
         else:
             wake = self.inputs.now + datetime.timedelta(seconds=charged.delay_seconds)
-            self.update(next_attempt_time=rfc3339_ms(wake))
+            self.update(next_attempt_time=timestamps.rfc3339(wake))  # to the millisecond: backoffs below 1 s
             self.move(
                 Phase.RESTARTING,
                 failure.value,
@@ -377,7 +376,8 @@ class _Pass:
         if not self.pods_gone():
             self.wait(POLL_SECONDS)
             return
-        wake = _parse_time(self.status.next_attempt_time)
+        due = self.status.next_attempt_time
+        wake = timestamps.parse(due) if due else None
         if wake is not None and wake > self.inputs.now:
             self.wait((wake - self.inputs.now).total_seconds())
             return
@@ -410,7 +410,7 @@ def decide(inputs: Inputs) -> Decision:
         if p.phase is Phase.FAILED:
             p.delete_current_rayjob()
         return _conditions_and_patch(p, inputs.status)
-    problem = validation.spec_problem(inputs.spec)
+    problem = inputs.problem or validation.spec_problem(p.spec)
     if problem is not None:
         p.end_attempt("InvalidSpec", problem)
         p.fail("InvalidSpec", problem)
@@ -418,7 +418,7 @@ def decide(inputs: Inputs) -> Decision:
     p.fold_runtime_report()
     for name in p.observed.other_rayjobs:
         p.actions.append(DeleteRayJob(name))
-    suspend = inputs.spec.suspend
+    suspend = p.spec.suspend
     if p.phase is Phase.PENDING:
         p.suspend() if suspend else p.on_waiting()
     elif p.phase in (Phase.STARTING, Phase.RUNNING):

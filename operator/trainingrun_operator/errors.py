@@ -1,28 +1,19 @@
 """The operator's error vocabulary. kopf-free: only `handlers.py` turns these into kopf errors.
 
-Each class says what went wrong and whether retrying the same reconcile can help (`retryable`).
+Each class says what went wrong and whether retrying the same reconcile can help (`retryable`, read by
+`handlers.supervise` to choose the delay before the next pass). `InvalidInput` never reaches a reconcile: the
+command line (`cli.main`) prints it and exits 2.
 """
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "IllegalTransition", "InvalidSpec", "OperatorError", "ReportError"]
+__all__ = ["ApiError", "IllegalTransition", "InvalidInput", "OperatorError"]
 
 
 class OperatorError(Exception):
     """Base of every operator error."""
 
     retryable: bool = False
-
-
-class InvalidSpec(OperatorError):
-    """The TrainingRun's spec cannot run (e.g. spec.trainer fails RuntimeConfig); retrying is useless until edited."""
-
-    retryable = False
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
 
 
 class IllegalTransition(OperatorError):
@@ -41,7 +32,18 @@ class ApiError(OperatorError):
         self.status = status
 
 
-class ReportError(OperatorError):
-    """A driver's runtime report could not be read (local backend: a torn or malformed runtime.json); retry."""
+class InvalidInput(OperatorError):
+    """What a user handed a command (a TrainingRun file, a kubeconfig) cannot be used; fix it and run it again.
 
-    retryable = True
+    The message is complete as it is: it names the file, and the line and column or the invalid fields.
+    """
+
+    @classmethod
+    def in_yaml(cls, path: str, error: Exception) -> InvalidInput:
+        """A file that is not valid YAML: `path:line:column: not valid YAML: <the parser's words>`."""
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        if mark is None or problem is None:
+            return cls(f"{path}: not valid YAML: {str(error).splitlines()[0]}")
+        context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+        where = f" ({context} at line {context_mark.line + 1})" if context and context_mark is not None else ""
+        return cls(f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{where}")

@@ -2,6 +2,7 @@
 
     trainingrun run FILE [--root DIR] [--chaos]
 
+The file is read and checked by `runfile.load` (what is wrong, and on which line, before anything starts).
 Every TICK seconds the supervisor does what the operator does on a cluster, with a driver process standing in
 for the RayJob:
 
@@ -38,13 +39,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-import yaml
-
-from trainingrun_operator import decision, model, patching, processes, validation
+from trainingrun_operator import decision, errors, model, patching, processes, runfile, validation
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
+from trainingrun_runtime import timestamps
 
-__all__ = ["Chaos", "DriverProcess", "LocalRun", "load_run", "read_rewards", "run_file"]
+__all__ = ["Chaos", "DriverProcess", "LocalRun", "read_rewards", "run_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +52,6 @@ TICK_SECONDS = 0.25
 MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
 KILL_GRACE_SECONDS = 10.0
 _REWARD_LINE = re.compile(r"step (\d+): reward (-?[0-9.]+(?:e-?\d+)?)")
-
-
-def load_run(path: pathlib.Path) -> model.TrainingRun:
-    """The first TrainingRun in a YAML file, validated like the CRD would (pydantic mirror)."""
-    for doc in yaml.safe_load_all(path.read_text()):
-        if isinstance(doc, dict) and doc.get("kind") == model.KIND:
-            doc = {**doc, "status": None}
-            return model.TrainingRun.model_validate(doc)
-    raise SystemExit(f"{path}: no TrainingRun found")
 
 
 def _write_json_atomically(path: pathlib.Path, value: Any) -> None:
@@ -296,7 +287,7 @@ class LocalRun:
             self.event(action)
 
     def event(self, event: decision.Event) -> None:
-        now = decision.rfc3339(self.clock())
+        now = timestamps.rfc3339(self.clock(), timespec="seconds")
         with open(self.dir / "events.jsonl", "a") as out:
             out.write(json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n")
         print(f"{now} {event.type:7} {event.reason}: {event.message}", file=self.console, flush=True)
@@ -411,13 +402,20 @@ def plot_rewards(run_dir: pathlib.Path, status: Mapping[str, Any]) -> pathlib.Pa
     return out
 
 
+def _make_root(root: pathlib.Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise errors.InvalidInput(f"--root {root}: not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise errors.InvalidInput(f"--root {root}: cannot create it: {exc.strerror or exc}") from exc
+
+
 def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, seed: int | None = None) -> int:
-    """`trainingrun run`: 0 if the run succeeded, 1 if it failed."""
-    run = load_run(path)
-    problem = validation.spec_problem(run.spec)
-    if problem is not None:
-        print(f"{path}: {problem}", file=sys.stderr)
-        return 2
+    """`trainingrun run`: 0 if the run succeeded, 1 if it failed; errors.InvalidInput for a file or root that
+    cannot be used (the command line exits 2)."""
+    run = runfile.load(path)
+    _make_root(root)
     local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None)
     previous = _read_json(local.dir / "status.json") or {}
     if previous.get("phase") == Phase.SUCCEEDED.value:

@@ -4,9 +4,9 @@ Called by `handlers.supervise` (one coroutine per run, so a run is never reconci
 `handlers.cleanup` on deletion. The order is fixed, KubeRay-style:
 
     get the TrainingRun, list its RayJobs and pods (by label) ─ concurrently; gone or deleting? stop
-    parse spec/status (pydantic)
+    read: parse spec/status (pydantic); an object that does not parse goes on with its first invalid field
     observe: the nodes the current attempt's pods sit on
-    decide (decision.py, pure)
+    decide (decision.py, pure): that field fails the run (Failed/InvalidSpec) like any other invalid spec
     write the status patch ─ identities (attempt number, RayJob and ServiceAccount names) land here first;
                               the driver's identity objects (fixed names) are created alongside
     act: RayJob create (409 = adopt) / delete, then events
@@ -18,6 +18,7 @@ whose objects may be missing (the next pass creates them under the same names). 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -36,10 +37,11 @@ from trainingrun_operator import (
     naming,
     observation,
     rayjob,
+    validation,
     wakeups,
 )
 
-__all__ = ["Clock", "finalize", "gather", "observe", "reconcile", "utc_now"]
+__all__ = ["Clock", "Snapshot", "finalize", "gather", "observe", "read", "reconcile", "utc_now"]
 
 logger = logging.getLogger(__name__)
 Clock = Callable[[], datetime.datetime]
@@ -107,9 +109,45 @@ def _staying(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
-async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRun, action: decision.Action) -> None:
-    """Carry out one action. Events are not posted here: reconcile() posts them all at once, concurrently."""
-    meta = run.metadata
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The TrainingRun as one pass read it. `spec` is None when the object does not parse; `problem` says why
+    (its first invalid field), and `status` is as much of the status as parses."""
+
+    meta: model.ObjectMeta
+    spec: model.TrainingRunSpec | None
+    status: model.TrainingRunStatus
+    problem: str | None = None
+
+
+def read(obj: Mapping[str, Any]) -> Snapshot:
+    """Parse the TrainingRun (pydantic). An object that does not parse is not an error here: the decision fails it."""
+    try:
+        run = model.TrainingRun.model_validate(obj)
+    except pydantic.ValidationError as exc:
+        meta = model.ObjectMeta.model_validate(obj["metadata"])
+        return Snapshot(meta, None, _parsable_status(obj.get("status")), str(validation.problems(exc)[0]))
+    return Snapshot(run.metadata, run.spec, run.status or model.TrainingRunStatus())
+
+
+def _parsable_status(raw: Any) -> model.TrainingRunStatus:
+    """The status without its top-level fields that do not parse: those the decision sets are written anew, the
+    others stay as they are (the merge patch never names them)."""
+    fields = dict(raw) if isinstance(raw, Mapping) else {}
+    while True:
+        try:
+            return model.TrainingRunStatus.model_validate(fields)
+        except pydantic.ValidationError as exc:
+            bad = {detail["loc"][0] for detail in exc.errors() if detail["loc"]} & fields.keys()
+            if not bad:
+                return model.TrainingRunStatus()
+            for key in bad:
+                del fields[key]
+
+
+async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action: decision.Action) -> None:
+    """Carry out one action. Events are not posted here: _apply() posts them all at once, concurrently."""
+    meta = run.meta
     namespace, uid = meta.namespace or "default", meta.uid or ""
     if isinstance(action, decision.EnsureIdentity):
         # Independent objects: created concurrently (each 409 adopts); all exist before the RayJob is created.
@@ -119,6 +157,7 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: model.TrainingRu
             api.create_role_binding(identity.build_role_binding(meta.name, namespace, uid)),
         )
     elif isinstance(action, decision.CreateAttempt):
+        assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
         body = rayjob.build_rayjob(meta.name, namespace, uid, action.number, action.resume, run.spec)
         try:
             created = await api.create_rayjob(body)
@@ -169,37 +208,46 @@ async def reconcile(
         signals.saw(namespace, name, obj)
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
         return None
-    try:
-        run = model.TrainingRun.model_validate(obj)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = f"{where}: {first['msg']}"
-        if (obj.get("status") or {}).get("message") != message:
-            await api.patch_trainingrun_status(namespace, name, {"phase": "Failed", "reason": "InvalidSpec", "message": message})
-            await _event(api, obj, "Warning", "InvalidSpec", message)
-        return None
-    status = run.status or model.TrainingRunStatus()
-    observed = await observe(api, namespace, name, status, jobs, pods, memory)
-    if not_before is not None and 0 < not_before - time.monotonic() <= READ_AHEAD_LIMIT:
-        await asyncio.sleep(not_before - time.monotonic())
+    run = read(obj)
+    observed = await observe(api, namespace, name, run.status, jobs, pods, memory)
+    await _wait_until(not_before)
     now, decided = clock(), time.monotonic()
     result = decision.decide(
         decision.Inputs(
             run=name,
             namespace=namespace,
-            generation=run.metadata.generation or 1,
+            generation=run.meta.generation or 1,
             spec=run.spec,
-            status=status,
+            status=run.status,
             observed=observed,
             now=now,
+            problem=run.problem,
         )
     )
+    await _apply(api, obj, run, result)
+    if result.requeue_after is None:
+        return None
+    return max(0.0, result.requeue_after - (time.monotonic() - decided))
+
+
+async def _wait_until(not_before: float | None) -> None:
+    """Wait for the moment the pass was asked for, if the reads finished at most READ_AHEAD_LIMIT before it."""
+    if not_before is not None and 0 < not_before - time.monotonic() <= READ_AHEAD_LIMIT:
+        await asyncio.sleep(not_before - time.monotonic())
+
+
+async def _apply(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, result: decision.Decision) -> None:
+    """Carry out a decision: the status write (and the identity objects beside it), the other actions, the events.
+
+    The status write and the driver's identity objects go out together: the identity objects have fixed names
+    (a crash between the two leaves objects the next pass adopts on 409) and grant nothing until a pod uses them.
+    Every other action (the RayJob above all) waits until the status names it. An action that fails after the
+    status was written still lets the decision's events go out (the status already says what happened); its
+    error is raised last.
+    """
+    namespace, name = run.meta.namespace or "default", run.meta.name
     identities = [a for a in result.actions if isinstance(a, decision.EnsureIdentity)]
     others = [a for a in result.actions if not isinstance(a, (decision.Event, decision.EnsureIdentity))]
-    # The status write and the driver's identity objects go out together: the identity objects have fixed
-    # names (a crash between the two leaves objects the next pass adopts on 409) and grant nothing until a
-    # pod uses them. Every other action (the RayJob above all) waits until the status names it.
     written, *ensured = await asyncio.gather(
         _write_status(api, namespace, name, result.patch),
         *(_act(api, obj, run, a) for a in identities),
@@ -207,8 +255,8 @@ async def reconcile(
     )
     if isinstance(written, BaseException):
         raise written
-    if status.phase != result.status.phase:
-        logger.info("%s/%s: %s -> %s (%s)", namespace, name, status.phase or "-", result.status.phase, result.status.reason or "")
+    if run.status.phase != result.status.phase:
+        logger.info("%s/%s: %s -> %s (%s)", namespace, name, run.status.phase or "-", result.status.phase, result.status.reason or "")
     failed = next((e for e in ensured if isinstance(e, BaseException)), None)
     if failed is not None and not isinstance(failed, errors.OperatorError):
         raise failed
@@ -216,16 +264,13 @@ async def reconcile(
         for action in others if failed is None else []:
             await _act(api, obj, run, action)
     except errors.OperatorError as exc:
-        failed = exc  # the status already says what happened: its events still go out, then the error
+        failed = exc
     # The decision's events (transitions, checkpoints) go out together, concurrently; they are best effort.
     await asyncio.gather(
         *(_event(api, obj, a.type, a.reason, a.message) for a in result.actions if isinstance(a, decision.Event))
     )
     if failed is not None:
         raise failed
-    if result.requeue_after is None:
-        return None
-    return max(0.0, result.requeue_after - (time.monotonic() - decided))
 
 
 async def _write_status(api: apiclient.Api, namespace: str, name: str, patch: Mapping[str, Any]) -> None:

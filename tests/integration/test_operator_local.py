@@ -1,6 +1,7 @@
-"""End to end, local: `trainingrun run` on the shipped tiny example with --chaos, with the real driver
-(`python -m trainingrun_runtime`: real Ray, TransferQueue, torch). The driver is killed at random; the run must
-resume from its recorded checkpoints and finish, and its status file must show every attempt and checkpoint."""
+"""The local backend (local.py) with the real driver: `trainingrun run` on the shipped tiny example with --chaos
+(`python -m trainingrun_runtime`: real Ray, TransferQueue, torch; no cluster, hence `integration`, not `e2e`).
+The driver is killed at random; the run must resume from its recorded checkpoints and finish, and its status
+file must show every attempt and checkpoint."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.integration
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "tiny.yaml"

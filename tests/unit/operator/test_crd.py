@@ -1,6 +1,6 @@
 """The TrainingRun CRD: structural, mirrored by the pydantic model, and accepting the shipped examples.
 
-CEL rules need a real API server; tests/integration/test_operator_admission.py checks them there.
+CEL rules need a real API server; tests/integration/test_operator_safety.py checks them there.
 """
 
 from __future__ import annotations

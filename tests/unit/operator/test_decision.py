@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime
 import pathlib
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import yaml
 from trainingrun_operator import decision, model, patching
 from trainingrun_operator.decision import CreateAttempt, DeleteRayJob, EnsureIdentity, Event
 from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
@@ -38,16 +40,18 @@ class Store:
         self.now = T0
         self.generation = 1
 
-    def decide(self, observed: AttemptObservation | None = None) -> decision.Decision:
+    def decide(self, observed: AttemptObservation | None = None, *, problem: str | None = None) -> decision.Decision:
+        """One pass; with `problem`, a pass over an object that did not parse (no spec, as the reconciler sends)."""
         result = decision.decide(
             decision.Inputs(
                 run="tiny",
                 namespace="ns",
                 generation=self.generation,
-                spec=self.spec,
+                spec=None if problem else self.spec,
                 status=model.TrainingRunStatus.model_validate(self.status),
                 observed=observed,
                 now=self.now,
+                problem=problem,
             )
         )
         assert "runtime" not in result.patch, "the operator never writes the driver's field"
@@ -72,7 +76,7 @@ class Store:
 
     @property
     def phase(self) -> str:
-        return str(self.status["phase"])
+        return str(self.status.get("phase", "Pending"))
 
     def attempt(self) -> int:
         return int(self.status["attempt"]["number"])
@@ -184,7 +188,9 @@ def test_three_application_failures_fail_the_run_with_growing_backoff() -> None:
         store.decide(failed(n))
         if n < 3:
             assert store.phase == "Restarting"
-            wake = datetime.datetime.fromisoformat(store.status["nextAttemptTime"].replace("Z", "+00:00"))
+            due = store.status["nextAttemptTime"]
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", due), "to the millisecond, in UTC"
+            wake = timestamps.parse(due)
             delays.append((wake - store.now).total_seconds())
             early = store.decide(gone(n))
             assert creates(early) == [] and early.requeue_after == pytest.approx(delays[-1])
@@ -382,6 +388,84 @@ def test_an_invalid_trainer_fails_the_run_naming_the_field() -> None:
     assert creates(result) == []
 
 
+UNPARSED = "spec.checkpoint.savePeriod: Input should be greater than or equal to 1"
+FINISHED = AttemptObservation(
+    number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED")
+)
+
+
+def brought_to(phase: str) -> tuple[Store, AttemptObservation | None]:
+    """A run that reached `phase` by an ordinary journey, and what the cluster shows of it now."""
+    store = Store(spec_doc(restartPolicy={"failureBudget": 1}))
+    if phase == "Pending":
+        return store, None
+    if phase == "Starting":
+        store.decide()
+        return store, AttemptObservation(number=1, rayjob=RayJobObservation(name="tiny-a1"))
+    start_and_run(store)
+    if phase == "Running":
+        return store, running(1)
+    if phase == "Restarting":
+        store.decide(preempted(1))
+        return store, deleting(1)
+    if phase == "Suspended":
+        store.spec = store.spec.model_copy(update={"suspend": True})
+        store.decide(running(1))
+        return store, gone(1)
+    if phase == "Succeeded":
+        store.report(1, 40, finished=True)
+        store.decide(FINISHED)
+        return store, FINISHED
+    assert phase == "Failed"
+    store.decide(failed(1))
+    return store, failed(1)
+
+
+@pytest.mark.parametrize(
+    "before, after, reason, deleted",
+    [
+        ("Pending", "Failed", "InvalidSpec", []),
+        ("Starting", "Failed", "InvalidSpec", ["tiny-a1"]),
+        ("Running", "Failed", "InvalidSpec", ["tiny-a1"]),
+        ("Restarting", "Failed", "InvalidSpec", []),  # its RayJob is already being deleted
+        ("Suspended", "Failed", "InvalidSpec", []),
+        ("Succeeded", "Succeeded", "Succeeded", []),  # a finished run keeps its verdict (no Succeeded -> Failed)
+        ("Failed", "Failed", "BudgetExhausted", ["tiny-a1"]),  # a leftover RayJob goes, as on any pass
+    ],
+)
+def test_an_object_that_does_not_parse_fails_the_run_unless_it_already_ended(
+    before: str, after: str, reason: str, deleted: list[str]
+) -> None:
+    store, observed = brought_to(before)
+    assert store.phase == before
+    result = store.decide(observed, problem=UNPARSED)
+    assert (store.phase, store.status["reason"]) == (after, reason)
+    assert [a.name for a in result.actions if isinstance(a, DeleteRayJob)] == deleted
+    warned = [(a.reason, a.message) for a in result.actions if isinstance(a, Event) and a.type == "Warning"]
+    if before == after:
+        assert result.patch == {} and warned == [], "an ended run is left as it is"
+        return
+    assert store.status["message"] == UNPARSED and warned == [("InvalidSpec", UNPARSED)]
+    assert {c["type"]: c["status"] for c in store.status["conditions"]}["Failed"] == "True"
+    assert not creates(result)
+    if before in ("Starting", "Running"):
+        assert store.status["attempts"][-1]["reason"] == "InvalidSpec"
+
+
+def test_an_object_that_still_does_not_parse_is_neither_written_nor_announced_again() -> None:
+    store = Store()
+    store.decide(problem=UNPARSED)
+    again = store.decide(problem=UNPARSED)
+    assert store.phase == "Failed" and again.patch == {} and again.actions == ()
+
+
+def test_inputs_without_a_spec_must_say_why() -> None:
+    with pytest.raises(ValueError, match="no spec"):
+        decision.Inputs(
+            run="tiny", namespace="ns", generation=1, spec=None, status=model.TrainingRunStatus(), observed=None, now=T0
+        )
+
+
 def test_conditions_carry_the_generation_and_keep_their_transition_time() -> None:
     store = Store()
     start_and_run(store)
@@ -392,6 +476,16 @@ def test_conditions_carry_the_generation_and_keep_their_transition_time() -> Non
     again = {c["type"]: c for c in store.status["conditions"]}["Running"]
     assert again["lastTransitionTime"] == first["lastTransitionTime"]
     assert again["observedGeneration"] == 2 and store.status["observedGeneration"] == 2
+
+
+def test_status_times_are_written_to_the_second_and_the_next_attempts_time_to_the_millisecond() -> None:
+    store = Store()
+    store.now = T0 + datetime.timedelta(seconds=1, microseconds=987654)
+    start_and_run(store)
+    store.decide(failed(1))
+    assert store.status["attempt"]["start"] == "2025-01-01T00:00:01Z", "truncated, as the API server writes times"
+    assert {c["lastTransitionTime"] for c in store.status["conditions"]} == {"2025-01-01T00:00:01Z"}
+    assert store.status["nextAttemptTime"] == "2025-01-01T00:00:11.987Z"  # tiny's backoff here: 10 s
 
 
 def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() -> None:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from trainingrun_operator import local
+from trainingrun_operator import local, runfile
 from trainingrun_operator.classification import FailureClass, classify
 
 
@@ -78,7 +78,7 @@ def test_rewards_are_read_per_attempt_from_the_driver_logs(tmp_path: pathlib.Pat
 @pytest.fixture
 def tiny(tmp_path: pathlib.Path) -> local.LocalRun:
     repo = pathlib.Path(__file__).resolve().parents[3]
-    run = local.load_run(repo / "manifests" / "examples" / "tiny.yaml")
+    run = runfile.load(repo / "manifests" / "examples" / "tiny.yaml")
     return local.LocalRun(run, tmp_path)
 
 

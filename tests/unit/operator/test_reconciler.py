@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
-import inspect
 import pathlib
 import time
 from typing import Any
 
 import yaml
 
-from trainingrun_operator import handlers, reconciler, wakeups
+from trainingrun_operator import patching, reconciler, wakeups
+from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
@@ -35,6 +35,7 @@ class FakeApi:
         self.log: list[str] = []
         self.in_flight: set[str] = set()
         self.overlapped: dict[str, set[str]] = {}
+        self.events: list[tuple[str, str]] = []
 
     async def _call(self, what: str, result: Any = None) -> Any:
         self.log.append(f"start {what}")
@@ -61,6 +62,7 @@ class FakeApi:
 
     async def patch_trainingrun_status(self, namespace: str, name: str, patch: dict[str, Any]) -> str | None:
         await self._call("patch status")
+        self.run["status"] = patching.apply(self.run.get("status") or {}, patch)
         return "11"
 
     async def create_service_account(self, body: dict[str, Any]) -> bool:
@@ -76,10 +78,14 @@ class FakeApi:
         return bool(await self._call("create rayjob", True))
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
+        for job in self.jobs:
+            if job["metadata"]["name"] == name:
+                job["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"  # being deleted, as KubeRay's finalizer keeps it
         return bool(await self._call(f"delete rayjob {name}", True))
 
     async def post_event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
         await self._call(f"event {reason}")
+        self.events.append((reason, message))
 
 
 async def test_a_pass_reads_the_run_its_rayjobs_and_its_pods_concurrently() -> None:
@@ -163,36 +169,6 @@ async def test_a_zero_delay_stays_zero_however_long_the_pass_took() -> None:
     assert time.monotonic() - started > 0.05 and requeue == 0.0
 
 
-async def test_watch_handlers_are_coroutines_and_a_runs_event_wakes_it_only_with_news() -> None:
-    # kopf runs plain functions in threads; asyncio.Event must be set on the loop.
-    for handler in (handlers.run_changed, handlers.rayjob_changed, handlers.pod_changed, handlers.node_changed):
-        assert inspect.iscoroutinefunction(handler), handler.__name__
-    memo = handlers.Memo(api=None)  # type: ignore[arg-type]
-    event = memo.wakeups.event("ns", "tiny")
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny(), memo=memo)
-    assert event.is_set(), "a run no pass has read yet was not woken"
-    event.clear()
-    memo.wakeups.saw("ns", "tiny", tiny())
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"phase": "Running"}), memo=memo)
-    assert not event.is_set(), "the operator's own status write woke the run"
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo)
-    assert event.is_set(), "the driver's report did not wake the run"
-
-
-def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
-    """kopf's default diffbase storage would patch every new run once more, writing its spec into an annotation."""
-    import kopf
-
-    settings = kopf.OperatorSettings()
-    handlers.configure(settings=settings)
-    storage = settings.persistence.diffbase_storage
-    body = kopf.Body(tiny())
-    patch = kopf.Patch()
-    storage.store(body=body, patch=patch, essence=storage.build(body=body))
-    assert storage.fetch(body=body) is None and not patch
-    assert storage.build(body=body) == {}, "no deep copy of every watched object on every event"
-
-
 async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is_deleted_even_if_the_condition_is_gone() -> None:
     """A status write after the DisruptionTarget condition (kwok's, a kubelet's) can replace the conditions before the
     pod's deletion is observed: the watch's memory of the disruption still decides."""
@@ -226,7 +202,7 @@ def restarting(next_attempt_in: float) -> dict[str, Any]:
     wake = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=next_attempt_in)
     run["status"].update(
         phase="Restarting", reason="ApplicationFailure", consecutiveFailures=1,
-        nextAttemptTime=wake.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        nextAttemptTime=timestamps.rfc3339(wake),
     )
     run["status"]["attempt"].update(end="2025-01-01T00:00:01Z", reason="ApplicationFailure")
     return run
@@ -250,3 +226,33 @@ async def test_a_pass_woken_long_before_it_is_due_decides_at_once() -> None:
     )
     assert "start create rayjob" not in api.log and time.monotonic() - started < 0.1
     assert requeue is not None and 0.8 < requeue <= 1.0
+
+
+async def test_a_run_that_does_not_parse_fails_once_naming_its_first_invalid_field_and_its_rayjob_goes() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+    run["spec"]["checkpoint"]["savePeriod"] = 0
+    api = FakeApi(run, jobs)
+    assert await reconciler.reconcile(api, "ns", "tiny", lambda: NOW) is None  # type: ignore[arg-type]
+    problem = "spec.checkpoint.savePeriod: Input should be greater than or equal to 1"
+    status = api.run["status"]
+    assert (status["phase"], status["reason"], status["message"]) == ("Failed", "InvalidSpec", problem)
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Failed"] == "True"
+    assert status["attempt"]["reason"] == "InvalidSpec" and status["attempt"]["end"] == "2025-01-01T00:00:00Z"
+    assert ("InvalidSpec", problem) in api.events and "start delete rayjob tiny-a1" in api.log
+
+    api.log.clear()
+    api.events.clear()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "end get run" in api.log, "the second pass ran"
+    assert "start patch status" not in api.log and not api.events, "the same problem is written and announced once"
+
+
+async def test_a_status_field_that_does_not_parse_is_named_and_left_alone() -> None:
+    run = tiny({"phase": "Pending", "restarts": {"total": "many"}})
+    api = FakeApi(run)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    status = api.run["status"]
+    assert status["phase"] == "Failed" and status["message"].startswith("status.restarts.total: ")
+    assert status["restarts"] == {"total": "many"}, "the operator's patch never names the field it cannot read"
+    assert reconciler.read(api.run).status.phase == "Failed"

@@ -1,0 +1,106 @@
+"""A TrainingRun YAML file, as `trainingrun run` (local.py) reads it: the text, its YAML documents, the first
+TrainingRun among them, checked as the operator checks one (validation.run_problems).
+
+Whatever keeps the file from running is an errors.InvalidInput that says where: the file; the line and column of
+a YAML error; every invalid field with the line and column of its key (the YAML nodes keep where each key is).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from trainingrun_operator import errors, model, validation
+
+__all__ = ["load"]
+
+
+def load(path: pathlib.Path) -> model.TrainingRun:
+    """The first TrainingRun in a YAML file, checked as the operator checks one: the model (the CRD's mirror) and
+    spec.trainer against the runtime's RuntimeConfig (validation.run_problems). `status` in the file is ignored.
+
+    Raises errors.InvalidInput naming the file, and the line and column of a YAML error or of every invalid field.
+    """
+    documents = _yaml_documents(path, _text_of(path))
+    runs = [(node, doc) for node, doc in documents if isinstance(doc, dict) and doc.get("kind") == model.KIND]
+    if not runs:
+        raise errors.InvalidInput(
+            f"{path}: no TrainingRun in this file ({_what_is_in(documents)}); "
+            f"a TrainingRun starts with `apiVersion: {model.API_VERSION}` and `kind: {model.KIND}`"
+        )
+    node, doc = runs[0]
+    doc = {**doc, "status": None}
+    found = validation.run_problems(doc)
+    if found:
+        raise errors.InvalidInput(_problems_message(path, node, doc, found))
+    return model.TrainingRun.model_validate(doc)
+
+
+def _text_of(path: pathlib.Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise errors.InvalidInput(f"{path}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise errors.InvalidInput(f"{path}: is a directory; give a TrainingRun YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidInput(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from exc
+    except OSError as exc:
+        raise errors.InvalidInput(f"{path}: cannot read it: {exc.strerror or exc}") from exc
+
+
+def _yaml_documents(path: pathlib.Path, text: str) -> list[tuple[yaml.Node, Any]]:
+    """Each YAML document of `text`: its node (where each key is) and its value."""
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+        return [(node, yaml.SafeLoader("").construct_document(node)) for node in nodes]
+    except yaml.YAMLError as exc:
+        raise errors.InvalidInput.in_yaml(str(path), exc) from exc
+
+
+def _what_is_in(documents: list[tuple[yaml.Node, Any]]) -> str:
+    if not documents:
+        return "it is empty"
+    found = []
+    for _node, doc in documents:
+        if isinstance(doc, dict) and doc.get("kind"):
+            name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+            found.append(f"{doc['kind']} {name}" if name else str(doc["kind"]))
+        elif isinstance(doc, dict):
+            found.append("a mapping without kind")
+        else:
+            found.append({type(None): "an empty document", list: "a list", str: "plain text"}.get(type(doc), "a single value"))
+    return "found: " + ", ".join(found)
+
+
+def _problems_message(
+    path: pathlib.Path, node: yaml.Node, doc: Mapping[str, Any], found: list[validation.Problem]
+) -> str:
+    """`FILE: TrainingRun NAME has N invalid fields:` then `  FILE:LINE:COLUMN: PATH: RULE` in the file's order."""
+    rows = sorted(((_position(node, p.loc), p) for p in found), key=lambda row: row[0])
+    metadata = doc.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    what = f"TrainingRun {name}" if name else "the TrainingRun"
+    count = f"{len(found)} invalid field{'s' if len(found) > 1 else ''}"
+    lines = [f"  {path}:{line}:{column}: {problem.path}: {problem.explained}" for (line, column), problem in rows]
+    return "\n".join([f"{path}: {what} has {count}:", *lines])
+
+
+def _position(node: yaml.Node, loc: tuple[str | int, ...]) -> tuple[int, int]:
+    """Line and column (from 1) of the key at `loc` under `node`; of its nearest present parent if it is missing."""
+    mark = node.start_mark
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next((pair for pair in node.value if isinstance(pair[0], yaml.ScalarNode) and pair[0].value == part), None)
+            if hit is None:
+                break
+            mark, node = hit[0].start_mark, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            mark = node.start_mark
+        else:
+            break
+    return mark.line + 1, mark.column + 1
