@@ -1,10 +1,9 @@
 """The on-disk format of one storage unit's snapshot: a header, then each field's rows as raw bytes.
 
-Written and read inside the storage-unit processes by `tq_storage_fix.CompactStorageUnitData`
-(TransferQueue's own save/load calls reach it there). Format 2 replaces format 1, which was a
-pickle of `{storage_unit_id, storage_unit_size, field_data, active_keys}` with one compacted column
-per field: building that pickle copied every byte twice (torch.stack into a new buffer, then the
-in-band pickle buffer) and loading it copied it again. The layout::
+Written and read inside the storage-unit processes by `storage_unit.CompactStorageUnitData`
+(TransferQueue's own save/load calls reach it there). Format 2 replaces format 1, a pickle of the unit's
+state with one compacted column per field, which copied every byte twice on save and once more on load.
+The layout::
 
     offset 0    MAGIC (8 bytes, b"TRCOLS\\x00\\x02")  header length (8 bytes, little endian)
     16          header: JSON (storage unit id and size, active keys, per field: global indexes,
@@ -14,11 +13,8 @@ in-band pickle buffer) and loading it copied it again. The layout::
     ...         rows that are not dense CPU tensors (strings, nested tensors, None): one pickle
 
 `write` plans the layout from the rows' own memory (runs of rows adjacent in memory, as the rows of
-one put are, become one piece), creates the file at its final size and returns: that is all the
-barrier's window pays for. A background thread (`PendingWrite`) then copies the pieces through a few
-reused staging buffers, SHA-256-hashes each staging chunk and writes it with O_DIRECT, so the
-caller gets the file's digest without reading the file back (the bundle manifest takes it). It does
-not fsync: the bundle commit does, after `PendingWrite.result()`.
+one put are, become one piece), creates the file at its final size and returns a `staging.PendingWrite`,
+which writes and hashes the bytes after the barrier's window (see `staging` for the pipeline).
 
 `read` maps the file copy-on-write and hands out each row as a view into the mapping (no copy; see
 `read` for what that relies on), made when the row is first read (`RestoredRows`). A file that does
@@ -30,16 +26,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import errno
-import hashlib
 import json
 import math
 import mmap
 import os
 import pickle
-import queue
 import struct
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from pathlib import Path
@@ -47,17 +39,15 @@ from typing import Any, Final
 
 import torch
 
-from trainingrun_runtime.storage.buffer_pool import BufferPool
+from trainingrun_runtime.dataplane import staging
 from trainingrun_runtime.errors import CheckpointCorrupt
 
 __all__ = [
     "FORMAT",
     "MAGIC",
     "UNREAD",
-    "PendingWrite",
     "RestoredRows",
     "UnitState",
-    "Written",
     "is_dense_cpu",
     "read",
     "write",
@@ -81,16 +71,6 @@ class UnitState:
     active_keys: set[int]
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     """Seconds per phase of the `read` that produced this state (profiling; empty when written)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Written:
-    """The file `write` produced: its size and the SHA-256 of its bytes (computed from memory)."""
-
-    size: int
-    sha256: str
-    timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """Seconds per phase: plan (inspect rows), write (syscalls), hash (after the write, from memory)."""
 
 
 def is_dense_cpu(value: object) -> bool:
@@ -203,18 +183,14 @@ def _plan_column(name: str, rows: Mapping[int, Any], layout: _Layout, keep: list
     return entry, others
 
 
-def write(path: str | os.PathLike[str], state: UnitState) -> PendingWrite:
-    """Create `path` for `state` at its final size; a background thread writes and hashes it (`PendingWrite`).
+def write(path: str | os.PathLike[str], state: UnitState) -> staging.PendingWrite:
+    """Create `path` for `state` at its final size; the returned `PendingWrite` writes and hashes it (`staging`).
 
     What runs in the caller (inside the barrier's window): planning the layout, which takes a
-    reference to every row written, and creating the file at its final size. The bytes follow in a
-    background thread: the rows are copied chunk by chunk into a few reused, page-aligned staging
-    buffers, each chunk is hashed there and written with `O_DIRECT` (past the page cache, from memory
-    that is already mapped; buffered where the filesystem refuses `O_DIRECT`). `PendingWrite.result()`
-    waits for both and gives the file's SHA-256 without reading it back. Nothing is fsynced here:
-    the bundle commit does that after `result()`. Mutating a row in place before `result()` returns
-    would make the file disagree with the snapshot: TransferQueue never does (a put replaces the row
-    object, a clear drops it), and the references keep cleared rows alive until the write is done.
+    reference to every row written, and creating the file at its final size. Mutating a row in place
+    before `result()` returns would make the file disagree with the snapshot: TransferQueue never does
+    (a put replaces the row object, a clear drops it), and the references keep cleared rows alive
+    until the write is done.
     """
     started = time.perf_counter()
     layout = _Layout()
@@ -250,172 +226,7 @@ def write(path: str | os.PathLike[str], state: UnitState) -> PendingWrite:
         os.close(fd)
         raise
     timings = {"plan": time.perf_counter() - started}
-    return PendingWrite(os.fspath(path), fd, size, chunks, keep, timings)
-
-
-class PendingWrite:
-    """A file `write` has created; a background thread is writing and hashing its bytes."""
-
-    def __init__(self, path: str, fd: int, size: int, chunks: list[memoryview | bytes], keep: list[torch.Tensor],
-                 timings: dict[str, float]) -> None:  # fmt: skip
-        self.path = path
-        self.size = size
-        self.timings = timings
-        self._digest = hashlib.sha256()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(fd, chunks, keep), name="column-file-write", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, fd: int, chunks: list[memoryview | bytes], keep: list[torch.Tensor]) -> None:
-        started = time.perf_counter()
-        try:
-            self.timings["hash"] = _stage_out(self.path, fd, self.size, chunks, self._digest)
-        except BaseException as e:  # re-raised by result()
-            self._error = e
-        finally:
-            os.close(fd)
-            del chunks[:], keep[:]  # the rows may be freed now
-            self.timings["write"] = time.perf_counter() - started
-
-    def result(self, timeout: float | None = None) -> Written:
-        """Wait for the bytes and the digest; the file's size and SHA-256."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"{self.path}: writing did not finish within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        return Written(size=self.size, sha256=self._digest.hexdigest(), timings=dict(self.timings))
-
-
-_STAGE_BYTES: Final = 4 << 20
-"""One staging buffer; a multiple of every O_DIRECT alignment (logical block and page size)."""
-_STAGE_DEPTH: Final = 3
-"""Staging buffers per write: one being filled and hashed, the others queued or being written."""
-_DIRECT_ALIGN: Final = 4096
-
-
-_POOL: BufferPool[mmap.mmap] = BufferPool(
-    lambda: mmap.mmap(-1, _STAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-)
-"""Page-aligned staging buffers, kept for the life of the process so a snapshot writes from memory that is
-already mapped (see `buffer_pool`)."""
-
-
-def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: Any) -> float:
-    """Copy `chunks` through staging buffers, hash each, write each at its offset; seconds spent hashing."""
-    direct = _DirectFile(path, fd)
-    todo: queue.Queue[tuple[mmap.mmap, int, int] | None] = queue.Queue(maxsize=_STAGE_DEPTH - 1)
-    failed: list[BaseException] = []
-
-    def writer() -> None:
-        while (item := todo.get()) is not None:
-            buf, n, offset = item
-            try:
-                if not failed:
-                    direct.write(buf, n, offset)
-            except BaseException as e:  # reported after the producer stops
-                failed.append(e)
-            finally:
-                _POOL.give(buf)
-
-    thread = threading.Thread(target=writer, name="column-file-writer", daemon=True)
-    thread.start()
-    hashing = 0.0
-    offset = 0
-
-    def ship(buf: mmap.mmap, view: memoryview, filled: int) -> None:
-        """Hash a filled staging buffer and queue it for the writer."""
-        nonlocal hashing, offset
-        at = time.perf_counter()
-        digest.update(view[:filled])
-        hashing += time.perf_counter() - at
-        view.release()
-        todo.put((buf, filled, offset))
-        offset += filled
-
-    try:
-        buf, filled = _POOL.take(), 0
-        view = memoryview(buf)
-        for chunk in chunks:
-            piece = memoryview(chunk).cast("B")
-            while piece:
-                take = min(len(piece), _STAGE_BYTES - filled)
-                view[filled : filled + take] = piece[:take]
-                filled += take
-                piece = piece[take:]
-                if filled == _STAGE_BYTES:
-                    ship(buf, view, filled)
-                    if failed:
-                        raise failed[0]
-                    buf, filled = _POOL.take(), 0
-                    view = memoryview(buf)
-        if filled:
-            ship(buf, view, filled)
-        else:
-            view.release()
-            _POOL.give(buf)
-    finally:
-        todo.put(None)
-        thread.join()
-        direct.close()
-    if failed:
-        raise failed[0]
-    if offset != size:
-        raise OSError(f"{path}: wrote {offset} bytes, planned {size}")
-    _start_writeback(fd)  # the buffered tail, if any (or every byte, without O_DIRECT)
-    return hashing
-
-
-class _DirectFile:
-    """Writes staging buffers at their offsets with O_DIRECT; buffered if the filesystem refuses O_DIRECT."""
-
-    def __init__(self, path: str, fd: int) -> None:
-        self._fd = fd
-        self._direct = -1
-        o_direct = getattr(os, "O_DIRECT", 0)
-        if o_direct:
-            try:
-                self._direct = os.open(path, os.O_WRONLY | o_direct)
-            except OSError:
-                self._direct = -1  # refused (older tmpfs, some network filesystems): buffered writes
-
-    def write(self, buf: mmap.mmap, n: int, offset: int) -> None:
-        direct = n - n % _DIRECT_ALIGN if self._direct >= 0 else 0
-        if direct:
-            try:
-                self._pwrite_all(self._direct, memoryview(buf)[:direct], offset)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-                os.close(self._direct)  # alignment refused after all: buffered from here on
-                self._direct, direct = -1, 0
-        if direct < n:
-            # The last chunk's unaligned tail (or everything, buffered): never past the file's final size,
-            # which the snapshot has already listed.
-            self._pwrite_all(self._fd, memoryview(buf)[direct:n], offset + direct)
-
-    @staticmethod
-    def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-        with view:
-            while view:
-                done = os.pwrite(fd, view, offset)
-                view, offset = view[done:], offset + done
-
-    def close(self) -> None:
-        if self._direct >= 0:
-            os.close(self._direct)
-            self._direct = -1
-
-
-def _start_writeback(fd: int) -> None:
-    """Queue the kernel's writeback of a buffered file's dirty pages without waiting, so the commit's fsync finds
-    little left to do (`POSIX_FADV_DONTNEED` on dirty pages starts their writeback)."""
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except OSError:
-        pass  # an optimization only: the commit's fsync writes whatever is left
+    return staging.PendingWrite(os.fspath(path), fd, size, chunks, keep, timings)
 
 
 def read(path: str | os.PathLike[str]) -> UnitState:

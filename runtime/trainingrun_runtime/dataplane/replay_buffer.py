@@ -30,7 +30,7 @@ _T = TypeVar("_T")
 
 
 class RowStore(Protocol):
-    """What the buffer needs from the data plane (`dataplane.DataPlaneClient` provides it; blocking calls)."""
+    """What the buffer needs from the data plane (`row_client.DataPlaneClient` provides it; blocking calls)."""
 
     def put_groups(
         self,

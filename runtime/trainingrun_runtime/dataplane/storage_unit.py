@@ -1,40 +1,27 @@
-"""The SimpleStorage checkpoint blow-up fix for TransferQueue 0.1.11: compact on save.
+"""Storage units whose snapshot is a `column_file`: the fix of TransferQueue 0.1.11's SimpleStorage checkpoint.
 
-The problem. A SimpleStorage unit stores each row as a *view* into the buffer of
-the put message it arrived in (`torch.frombuffer` on the ZMQ frame, then one row
-per global index). `StorageUnitData.save_checkpoint` pickles those rows one by
-one, and pickling a torch view writes its whole underlying storage, so a
-checkpoint of rows put N at a time is about N times the raw data (19 MiB of rows
-put 256 at a time became 4.9 GB and took 27 s).
+The problem. A SimpleStorage unit stores each row as a *view* into the buffer of the put message it arrived in
+(`torch.frombuffer` on the ZMQ frame, then one row per global index). `StorageUnitData.save_checkpoint` pickles
+those rows one by one, and pickling a torch view writes its whole underlying storage, so a checkpoint of rows put
+N at a time is about N times the raw data.
 
-The fix, in one place: storage units started through `install()` keep a
-`CompactStorageUnitData`, whose `save_checkpoint` writes a `column_file` (format 2):
-a JSON header describing every row (global index, dtype, shape, offset) and then
-each field's rows as their own raw bytes (no compaction copy, no pickle copy).
-Inside the barrier's window the unit only plans the file and creates it; a
-background thread copies the rows through reused staging buffers, hashes them
-there (SHA-256) and writes them with O_DIRECT. The unit leaves `{size, sha256}` beside
-the file (`DIGEST_SUFFIX`) for the data-plane client, so the bundle never reads
-the file back to hash it. `load_checkpoint` maps the file copy-on-write and
-hands out each row as a view into the mapping, made when the row is first read
-(`column_file.read`, `column_file.RestoredRows`); a file in the old
-pickle format (format 1) is refused, naming the file. Rows that are not dense
-CPU tensors (strings, nested tensors, `None`) are pickled in one trailing blob.
+The fix, in one place: storage units started after `install()` keep a `CompactStorageUnitData`, whose
+`save_checkpoint` writes a `column_file` (each row's own bytes once): inside the barrier's window the unit only
+plans the file and creates it, and the bytes are written and hashed behind it (`staging`). The unit then leaves
+`{size, sha256}` beside the file in a digest file (`DIGEST_SUFFIX`) for `snapshot.PendingSnapshot.digests`, so
+the bundle never reads the file back to hash it. `load_checkpoint` maps the file and hands out each row as a
+view (`column_file.read`); a file in the old pickle format is refused, naming the file.
 
-Who calls it: `dataplane.BootstrapDataPlane.start()` calls `install()` right
-before `tq.init`, which makes TransferQueue's SimpleStorage bootstrap create
-`CompactSimpleStorageUnit` actors (same names, same config) instead of the stock
-ones. The actor class lives in this module, so every storage-unit process
-imports it, and with it `column_file` for loading.
+Who calls it: `lifecycle.BootstrapDataPlane.start()` calls `install()` right before `tq.init`, which makes
+TransferQueue's SimpleStorage bootstrap create `CompactSimpleStorageUnit` actors (same names, same config)
+instead of the stock ones. The actor class lives in this module, so every storage-unit process imports it.
 
-What it relies on (checked by `check_version()`, pinned to 0.1.11): the
-`StorageUnitData` checkpoint state layout (`storage_unit_id`,
-`storage_unit_size`, `field_data`, `active_keys`), the attribute
-`SimpleStorageUnit.storage_data`, and the module global
-`simple_storage_bootstrap.SimpleStorageUnit`. SSD offload (a different storage
-class with its own format) is refused. `tests/integration/test_dataplane.py`
-measures the checkpoint against the raw bytes of the live rows, put 256 at a
-time, and fails if the fix stops applying.
+What it relies on (checked by `check_version()`, pinned to 0.1.11): the `StorageUnitData` checkpoint state
+layout (`storage_unit_id`, `storage_unit_size`, `field_data`, `active_keys`), the attribute
+`SimpleStorageUnit.storage_data`, and the module global `simple_storage_bootstrap.SimpleStorageUnit`. SSD
+offload (a different storage class with its own format) is refused. `tests/integration/test_dataplane.py`
+measures a checkpoint against the raw bytes of the live rows, put 256 at a time, and fails if the fix stops
+applying.
 """
 
 from __future__ import annotations
@@ -51,7 +38,7 @@ import transfer_queue  # type: ignore[import-untyped]
 from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
-from trainingrun_runtime.dataplane import column_file
+from trainingrun_runtime.dataplane import column_file, staging
 from trainingrun_runtime.errors import DataPlaneError
 
 __all__ = [
@@ -62,7 +49,6 @@ __all__ = [
     "check_version",
     "is_digest_file",
     "install",
-    "installed",
 ]
 
 log = logging.getLogger(__name__)
@@ -99,7 +85,7 @@ DIGEST_SUFFIX: Final = ".digest"
 
 TransferQueue's save reply carries no payload, and the bytes are written and hashed after the reply
 (after the barrier's window), so the unit publishes the digest beside the file (written to a temporary
-name, then renamed); `dataplane.PendingSnapshot.digests` waits for, reads and deletes these files."""
+name, then renamed); `snapshot.PendingSnapshot.digests` waits for, reads and deletes these files."""
 
 
 def is_digest_file(name: str) -> bool:
@@ -129,7 +115,7 @@ class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[mi
         return state.storage_unit_size
 
 
-def _publish_digest(path: str, pending: column_file.PendingWrite) -> None:
+def _publish_digest(path: str, pending: staging.PendingWrite) -> None:
     try:
         written = pending.result()
         body = {"size": written.size, "sha256": written.sha256}
@@ -171,8 +157,3 @@ def install() -> None:
     if simple_storage_bootstrap.SimpleStorageUnit is not _COMPACT_UNIT:
         simple_storage_bootstrap.SimpleStorageUnit = _COMPACT_UNIT
         log.info("SimpleStorage checkpoint fix installed (transferqueue %s)", PINNED_TQ_VERSION)
-
-
-def installed() -> bool:
-    """Whether storage units started by this process from now on carry the fix."""
-    return _COMPACT_UNIT is not None and simple_storage_bootstrap.SimpleStorageUnit is _COMPACT_UNIT

@@ -5,7 +5,7 @@
 Points (in the order a step passes them): `trained` (after the optimizer step, before
 the consumed rows are cleared), then in a save `begun`, `policy_saved`,
 `data_plane_saved` (the barrier window closed, TransferQueue's snapshot written),
-`sidecar_written`, the bundle's commit stages (`files_synced`, `manifest_written`,
+`index_file_written`, the bundle's commit stages (`files_synced`, `manifest_written`,
 `old_moved`, `renamed`, `parent_synced`, `old_removed`) and `reported`. The step of a
 save's points is the checkpoint's step. On reaching an armed point the process writes
 `<marker_dir>/crashed-at-<point>@<step>` and blocks forever; the test waits for that

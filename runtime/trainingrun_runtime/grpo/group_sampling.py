@@ -6,7 +6,7 @@
 Inverse-CDF sampling with pre-drawn uniforms means a completion depends only on the
 weights of `version` and on (seed, uid, g, version) — not on which worker ran it,
 what it ran before, or how many groups were batched together (one group is always
-one batch of shape [G, T]). Called by the generation actor (`generation.py`) and by
+one batch of shape [G, T]). Called by the generation workers (`driver.generation_workers`) and by
 the single-process learning check; pure torch, no Ray.
 """
 

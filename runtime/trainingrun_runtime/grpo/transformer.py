@@ -2,8 +2,8 @@
 
     tokens [B, T] ─ embed + position ─► n_layers × (x + Attn(LN x); x + MLP(LN x)) ─► LN ─► logits [B, T, V]
 
-Used by the trainer (`policy.py`, full-sequence log-probs) and by the generators
-(`generation.py`, token-by-token sampling). Initial weights come from
+Used by the trainer (`grpo.trainer`, full-sequence log-probs) and by the generators
+(`driver.generation_workers`, token-by-token sampling). Initial weights come from
 `derive_seed(seed, "init")`, so every process builds the same version-0 policy.
 The attention is written out (no fused kernel) so the same shapes give the same
 bits on every CPU run.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import hashlib
 import pickle
 from pathlib import Path
@@ -145,7 +146,7 @@ def test_a_file_of_several_staging_buffers_round_trips_with_the_sha256_of_its_by
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
     if not direct:
-        monkeypatch.delattr(column_file.os, "O_DIRECT", raising=False)  # as on a platform without it
+        monkeypatch.delattr(os, "O_DIRECT", raising=False)  # as on a platform without it
     state = big_state()
     written = column_file.write(tmp_path / "su", state).result()
     raw = (tmp_path / "su").read_bytes()
@@ -159,14 +160,14 @@ def test_a_filesystem_that_refuses_o_direct_gets_the_same_bytes(tmp_path: Path, 
     refuses it, as older tmpfs and some network filesystems do, with EINVAL."""
     import errno
 
-    real_open = column_file.os.open
+    real_open = os.open
 
     def refusing(path: str, flags: int, *args: int) -> int:
-        if flags & column_file.os.O_DIRECT:
+        if flags & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(column_file.os, "open", refusing)
+    monkeypatch.setattr(os, "open", refusing)
     state = big_state(300)
     written = column_file.write(tmp_path / "su", state).result()
     assert written.sha256 == hashlib.sha256((tmp_path / "su").read_bytes()).hexdigest()
@@ -191,7 +192,7 @@ def test_a_failed_write_is_raised_by_result_and_frees_the_staging_buffers(
     def full(fd: int, data: object, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(column_file.os, "pwrite", full)
+    monkeypatch.setattr(os, "pwrite", full)
     with pytest.raises(OSError, match="No space left"):
         column_file.write(tmp_path / "su", big_state()).result(timeout=30)
     monkeypatch.undo()
