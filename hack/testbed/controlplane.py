@@ -31,13 +31,13 @@ import argparse
 import atexit
 import ctypes
 import functools
+import http.client
 import json
 import logging
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kubeaccess  # hack/testbed/kubeaccess.py: this directory is on sys.path (as a script, or via conftest)
+import kubeapi  # hack/testbed/kubeapi.py: this directory is on sys.path (as a script, or via conftest)
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,7 @@ class ControlPlane:
     node_names: list[str] = field(init=False, default_factory=list)
     startup_seconds: float = field(init=False, default=0.0)
     processes: list[Process] = field(init=False, default_factory=list)
+    api: kubeapi.KubeApi = field(init=False)  # admin, verifying the API server's certificate
     _started: float = field(init=False, default=0.0, repr=False)
 
     # -- public surface ---------------------------------------------------------------------------------
@@ -316,16 +317,14 @@ class ControlPlane:
     def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
                 content_type: str = "application/json") -> tuple[int, Any]:
         """One raw API request (admin token unless `token`); returns (HTTP status, decoded body)."""
-        return kubeaccess.https_json(method, self.server + path, token=token or self.admin_token, body=body,
-                           context=ssl.create_default_context(cafile=str(self.ca_file)), content_type=content_type)
+        return self.api.request(method, path, body, token=token, content_type=content_type)
 
     def service_account_kubeconfig(self, namespace: str, name: str, *, expiration_seconds: int = 3600,
                                    audiences: Sequence[str] | None = None) -> Path:
         """A kubeconfig whose token was minted for `namespace/name` through the TokenRequest API."""
         out = self.workdir / f"kubeconfig-sa-{namespace}-{name}-{uuid.uuid4().hex[:6]}"
-        return kubeaccess.kubeconfig_for_service_account(
-            namespace, name, server=self.server, ca_file=self.ca_file, admin_token=self.admin_token, out=out,
-            expiration_seconds=expiration_seconds, audiences=audiences)
+        return kubeapi.service_account_kubeconfig(self.api, namespace, name, ca_file=self.ca_file, out=out,
+                                                  expiration_seconds=expiration_seconds, audiences=audiences)
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         """A `kubernetes.client.ApiClient` for this cluster (admin unless `kubeconfig`); needs the kubernetes
@@ -398,15 +397,15 @@ class ControlPlane:
             "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
             "--endpoint-reconciler-type", "none", "--allow-privileged", "--profiling=false",
         ])
-        insecure = kubeaccess.insecure_context()
-        self._wait("kube-apiserver /readyz",
-                   lambda: kubeaccess.https_json("GET", f"{self.server}/readyz", token=self.admin_token,
-                                       context=insecure, timeout=3)[0] == 200,
-                   60, component="kube-apiserver")
+        insecure = kubeapi.insecure_context()
+        unverified = kubeapi.KubeApi(self.server, insecure, self.admin_token, timeout=3)
+        self._wait("kube-apiserver /readyz", functools.partial(_https_healthy, unverified, "/readyz"), 60,
+                   component="kube-apiserver")
         # The apiserver writes its self-signed serving certificate (and the CA that signed it) here.
         self.ca_file = certs / "apiserver.crt"
-        self.kubeconfig = kubeaccess.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
-                                                      ca_file=self.ca_file, user="admin", token=self.admin_token)
+        self.api = kubeapi.KubeApi(self.server, kubeapi.verified_context(self.ca_file), self.admin_token)
+        self.kubeconfig = kubeapi.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
+                                                   ca_file=self.ca_file, user="admin", token=self.admin_token)
 
         # CRDs before the controller manager, so its garbage collector watches them from its first sync.
         crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
@@ -432,7 +431,8 @@ class ControlPlane:
             self.create_fake_node(name)
 
         for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
-            healthz = functools.partial(_https_healthy, f"https://127.0.0.1:{port}/healthz", insecure)
+            healthz = functools.partial(
+                _https_healthy, kubeapi.KubeApi(f"https://127.0.0.1:{port}", insecure, None, timeout=3), "/healthz")
             self._wait(f"{component} /healthz", healthz, 60, component=component)
         self._wait("serviceaccount default/default (controller manager)",
                    lambda: self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
@@ -490,7 +490,7 @@ class ControlPlane:
                 if probe():
                     log.info("%s: ready after %.1fs", what, time.monotonic() - self._started)
                     return
-            except (OSError, ValueError):
+            except (OSError, ValueError, http.client.HTTPException):
                 pass
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
@@ -529,8 +529,8 @@ def _node_is_schedulable(node: dict[str, Any]) -> bool:
     return ready and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
 
-def _https_healthy(url: str, context: ssl.SSLContext) -> bool:
-    return kubeaccess.https_json("GET", url, token=None, context=context, timeout=3)[0] == 200
+def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
+    return api.request("GET", path)[0] == 200
 
 
 def _http_ok(url: str) -> bool:

@@ -38,7 +38,6 @@ import atexit
 import base64
 import contextlib
 import ctypes
-import http.client
 import json
 import logging
 import os
@@ -46,7 +45,6 @@ import shlex
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -63,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import controlplane  # noqa: E402
-import kubeaccess  # noqa: E402
+import kubeapi  # noqa: E402
 import proxy  # noqa: E402
 from trainingrun_operator import processes  # noqa: E402
 
@@ -131,51 +129,6 @@ def ray_start_args(params: dict[str, str]) -> list[str]:
         args.append(f"--{key}" if value.lower() == "true" and key not in ("log-color", "include-dashboard")
                     else f"--{key}={value}")
     return args
-
-
-class KubeApi:
-    """A persistent HTTPS connection to the API server (one per thread that uses it); JSON in, (status, JSON) out."""
-
-    def __init__(self, server: str, ca_file: Path, token: str, timeout: float = 15.0) -> None:
-        parsed = urllib.parse.urlsplit(server)
-        self._host, self._port = parsed.hostname or "127.0.0.1", parsed.port or 443
-        self._context = ssl.create_default_context(cafile=str(ca_file))
-        self._token, self._timeout = token, timeout
-        self._local = threading.local()
-
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = content_type
-        for attempt in (1, 2):
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = http.client.HTTPSConnection(self._host, self._port, context=self._context,
-                                                   timeout=self._timeout)
-                self._local.conn = conn
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                response = conn.getresponse()
-                raw = response.read()
-                break
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    raise
-        text = raw.decode(errors="replace")
-        try:
-            return response.status, json.loads(text)
-        except ValueError:
-            return response.status, text
-
-    def items(self, path: str) -> list[dict[str, Any]]:
-        status, body = self.request("GET", path)
-        if status != 200:
-            raise RunnerError(f"GET {path} returned {status}: {body}")
-        return list(body.get("items") or [])
 
 
 def plays(pod: dict[str, Any]) -> bool:
@@ -308,7 +261,7 @@ class PodRunner:
     workdir: Path = field(init=False)
     pods: dict[str, LocalPod] = field(init=False, default_factory=dict)
     events: list[str] = field(init=False, default_factory=list)
-    _api: KubeApi = field(init=False)
+    _api: kubeapi.KubeApi = field(init=False)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
     _thread: threading.Thread | None = field(init=False, default=None)
     _stopping: threading.Event = field(init=False, default_factory=threading.Event)
@@ -328,7 +281,7 @@ class PodRunner:
     def start(self) -> PodRunner:
         self.workdir = Path(tempfile.mkdtemp(prefix="trun-pr-"))
         (self.workdir / "volumes").mkdir()
-        self._api = KubeApi(self.server, self.ca_file, self.admin_token)
+        self._api = kubeapi.KubeApi(self.server, kubeapi.verified_context(self.ca_file), self.admin_token)
         self._stopping.clear()
         atexit.register(self.stop)
         self._thread = threading.Thread(target=self._loop, name="podrunner", daemon=True)
@@ -555,20 +508,9 @@ class PodRunner:
     def _pod_kubeconfig(self, pod: dict[str, Any], local: LocalPod) -> Path:
         """A token for the pod's ServiceAccount bound to the pod (invalid once the pod is gone), as a kubelet
         projects it, written into a kubeconfig."""
-        meta = pod["metadata"]
-        account = pod["spec"].get("serviceAccountName") or "default"
-        status, body = self._api.request(
-            "POST", f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{account}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": 3600,
-                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}}})
-        if status != 201:
-            raise RunnerError(f"TokenRequest for {meta['namespace']}/{account} (pod {meta['name']}) "
-                              f"returned {status}: {body}")
-        return kubeaccess.write_kubeconfig(
-            local.directory / "kubeconfig", server=self.server, ca_file=self.ca_file,
-            token=body["status"]["token"], namespace=meta["namespace"],
-            user=f"system:serviceaccount:{meta['namespace']}:{account}")
+        return kubeapi.service_account_kubeconfig(
+            self._api, pod["metadata"]["namespace"], pod["spec"].get("serviceAccountName") or "default",
+            ca_file=self.ca_file, out=local.directory / "kubeconfig", bound_pod=pod)
 
     def _mounts(self, pod: dict[str, Any], container: dict[str, Any]) -> list[tuple[Path, Path, bool]]:
         """(source directory, mountPath, readOnly) for each PVC the Ray container mounts."""
