@@ -37,14 +37,12 @@ import argparse
 import atexit
 import base64
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -94,13 +92,6 @@ GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, AGENT_PORT = 6379, 8265, 10001, 52365
 
 class RunnerError(RuntimeError):
     """The runner could not do what a kubelet would (start a pod, mount a volume); the message says which pod."""
-
-
-def free_port() -> int:
-    """A free loopback port from the kernel's ephemeral range (outside Ray's worker range 10002-19999)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parse_ray_start(command: str) -> dict[str, str]:
@@ -235,13 +226,6 @@ def signal_pod(uid: str, leader: subprocess.Popen[bytes] | None, sig: int) -> in
         except ProcessLookupError:
             pass
     return count
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 @dataclass(eq=False)
@@ -546,8 +530,8 @@ class PodRunner:
         params = parse_ray_start(generated) if generated else {}
         if "object-store-memory" not in params:
             params["object-store-memory"] = str(self.object_store_bytes)
-        local.ports = local.ports or {GCS_PORT: free_port(), DASHBOARD_PORT: free_port(), CLIENT_PORT: free_port(),
-                                      AGENT_PORT: free_port()}
+        local.ports = local.ports or {port: controlplane.free_port()
+                                      for port in (GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, AGENT_PORT)}
         ray = [str(self.venv_bin / "ray"), "start", "--block", "--disable-usage-stats",
                "--node-ip-address=127.0.0.1", f"--temp-dir={local.temp_dir}",
                f"--dashboard-agent-listen-port={local.ports[AGENT_PORT]}"]
@@ -575,7 +559,7 @@ class PodRunner:
         with open(local.log_path, "wb") as log_file:
             local.process = subprocess.Popen(command, env=env, cwd=cwd if Path(cwd).is_dir() else env["HOME"],
                                              stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=_die_with_parent)
+                                             start_new_session=True, preexec_fn=controlplane.die_with_parent(signal.SIGTERM))
         local.state, local.started_at, local.exit_code = "starting", now_rfc3339(), None
         self._event(local, "Started", f"pid {local.process.pid}: {shlex.join(command)[:300]}")
         self._patch_status(local, ready=False, running=True)
@@ -873,7 +857,7 @@ class KubeRayOperator:
                  "--enable-leader-election=false", "--metrics-addr", "0", "--health-probe-bind-address", "0",
                  *self.extra_args],
                 env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=controlplane.die_with_parent(signal.SIGTERM))
         self.process = controlplane.Process(name="kuberay-operator", popen=popen, log_path=log_path)
         time.sleep(0.5)
         if not self.process.alive():
@@ -979,7 +963,7 @@ class FullLoopBed:
                  "--node-ip", "127.0.0.1", "--server-address", "127.0.0.1:0",
                  f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}", "--config", str(stages)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.plane.workdir,
-                start_new_session=True, preexec_fn=_die_with_parent)
+                start_new_session=True, preexec_fn=controlplane.die_with_parent(signal.SIGTERM))
         self.kubelet = controlplane.Process(name=f"kwok-{tag}", popen=popen, log_path=log_path)
         self.plane.wait_nodes_ready([tag])
         status, nodes = self.plane.request("GET", "/api/v1/nodes")
@@ -1025,7 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--nodes", type=int, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    signal.signal(signal.SIGTERM, controlplane._raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, controlplane.raise_keyboard_interrupt)
     with controlplane.ControlPlane(controlplane.Binaries.locate(), nodes=args.nodes) as plane, \
             FullLoopBed.running(plane) as bed:
         print(plane.kubeconfig, flush=True)

@@ -56,7 +56,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         env = {"PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin", "HOME": str(self.plane.workdir),
                "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"}
-        liveness = f"http://127.0.0.1:{podrunner.free_port()}/healthz"
+        liveness = f"http://127.0.0.1:{controlplane.free_port()}/healthz"
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
             log_file.flush()
