@@ -1,8 +1,9 @@
 """Full-loop fixtures: the real KubeRay operator, the pod runner and proxy, and our operator as its own process.
 
     control_plane (tests/conftest.py: etcd, kube-apiserver, controller manager, scheduler, kwok)
-      └── full_loop (module): forward proxy + pod runner (plays the kubelet for Ray pods) + KubeRay operator
-            (its own ServiceAccount and ClusterRole from its module's config/rbac; HTTP_PROXY = the proxy)
+      └── full_loop (module, hack/testbed/fullloop.py): forward proxy + pod runner (plays the kubelet for Ray
+            pods) + KubeRay operator (its own ServiceAccount and ClusterRole from its module's config/rbac;
+            HTTP_PROXY = the proxy)
       └── trainingrun_operator (module): `trainingrun operator` in its own process group, authenticated as the
             chart's ServiceAccount (RBAC rendered from charts/trainingrun by helm, applied as is)
 
@@ -27,6 +28,7 @@ import yaml
 
 import chaos
 import controlplane
+import fullloop
 import podrunner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,8 +40,8 @@ T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[podrunner.FullLoopBed]:
-    with podrunner.FullLoopBed.running(control_plane) as bed:
+def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[fullloop.FullLoopBed]:
+    with fullloop.FullLoopBed.running(control_plane) as bed:
         yield bed
 
 
@@ -116,7 +118,7 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
 
 @pytest.fixture(scope="module")
 def trainingrun_operator(control_plane: controlplane.ControlPlane,
-                         full_loop: podrunner.FullLoopBed) -> Iterator[OperatorProcess]:
+                         full_loop: fullloop.FullLoopBed) -> Iterator[OperatorProcess]:
     account = install_chart_rbac(control_plane, OPERATOR_NAMESPACE)
     kubeconfig = control_plane.service_account_kubeconfig(OPERATOR_NAMESPACE, account, expiration_seconds=6 * 3600)
     process = OperatorProcess(control_plane, kubeconfig, control_plane.workdir / "trainingrun-operator.log").start()
@@ -139,7 +141,7 @@ class Loop:
     """What a full-loop test works with: the cluster, the bed, our operator, and polling with diagnostics."""
 
     plane: controlplane.ControlPlane
-    bed: podrunner.FullLoopBed
+    bed: fullloop.FullLoopBed
     operator: OperatorProcess | None = None
 
     def diagnostics(self) -> str:
@@ -225,7 +227,7 @@ def clean_up(plane: controlplane.ControlPlane, namespace: str) -> None:
 
 
 @pytest.fixture
-def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+def loop(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
          operator: OperatorProcess, namespace: str) -> Iterator[Loop]:
     yield Loop(control_plane, full_loop, operator)
     if not operator.alive():
@@ -234,7 +236,7 @@ def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoop
 
 
 @pytest.fixture
-def harness(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+def harness(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
             namespace: str) -> Iterator[Loop]:
     """The bed without our operator (the KubeRay self-test does not need it)."""
     yield Loop(control_plane, full_loop)

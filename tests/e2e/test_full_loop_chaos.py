@@ -21,6 +21,7 @@ import pytest
 
 import chaos
 import podrunner
+from trainingrun_runtime import timestamps
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -192,9 +193,9 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
         account = started_2["identity"]["serviceAccountName"]
         kubeconfig = loop.plane.service_account_kubeconfig(namespace, account)
         stale = {"status": {"runtime": {
-            "attempt": 1, "step": 999, "updated": podrunner.now_rfc3339(), "finished": False,
+            "attempt": 1, "step": 999, "updated": timestamps.now(), "finished": False,
             "lastCheckpoint": {"step": 999, "path": "/checkpoints/zb/step_999", "attempt": 1,
-                               "time": podrunner.now_rfc3339()}}}}
+                               "time": timestamps.now()}}}}
         patched = loop.plane.kubectl("patch", "trun", "zb", "-n", namespace, "--subresource=status",
                                      "--type=merge", "-p", json.dumps(stale), kubeconfig=kubeconfig, check=False)
         assert patched.returncode == 0, patched.stderr  # RBAC lets the identity write; fencing must drop it

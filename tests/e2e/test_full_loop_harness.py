@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import chaos
-import podrunner
+import localpod
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py (the `harness` and `loop` fixtures)
@@ -76,7 +76,7 @@ def test_rayjobs_reach_complete_and_failed_through_the_real_kuberay(harness: Loo
                  timeout=60, what="the RayClusters deleted")
     played = [p for p in harness.bed.runner.pods.values() if p.namespace == namespace]
     assert {p.role for p in played} == {"head", "worker"}
-    harness.wait(lambda: all(p.state == "killed" and not podrunner.pod_processes(p.uid) for p in played),
+    harness.wait(lambda: all(p.state == "killed" and not localpod.pod_processes(p.uid) for p in played),
                  timeout=60, what="every Ray process of both clusters gone")
     print(f"harness self-test: two RayJobs finished in {elapsed:.1f}s")
 

@@ -23,7 +23,9 @@ import pytest
 
 import chaos
 import controlplane
+import localpod
 import podrunner
+import podspec
 import proxy
 
 pytestmark = pytest.mark.cluster
@@ -63,7 +65,7 @@ def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mou
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster},
-                     "annotations": {podrunner.PLAY_ANNOTATION: "true"}},
+                     "annotations": {podspec.PLAY_ANNOTATION: "true"}},
         "spec": {"restartPolicy": restart_policy, "terminationGracePeriodSeconds": 5, "containers": [container],
                  "nodeSelector": {"type": "kwok"}, **spec},
     }
@@ -139,7 +141,7 @@ def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.Forwa
 
 def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_users_variables(
         ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
+    head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     assert os.getpgid(head.process.pid) == head.process.pid  # its own process group
     env = environ(head.process.pid)
@@ -151,7 +153,7 @@ def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_use
     assert len(str(head.temp_dir)) < 20  # Ray's AF_UNIX socket paths must stay under 107 bytes
     cmdline = Path(f"/proc/{head.process.pid}/cmdline").read_bytes().split(b"\0")
     assert b"--num-cpus=1" in cmdline and b"--dashboard-host=127.0.0.1" in cmdline  # user's params kept, net ours
-    assert len(podrunner.pod_processes(head.uid)) >= 4  # gcs, raylet, dashboard, ... all carry the marker
+    assert len(localpod.pod_processes(head.uid)) >= 4  # gcs, raylet, dashboard, ... all carry the marker
 
 
 def test_the_pod_is_reported_ready_only_once_ray_answers(
@@ -161,7 +163,7 @@ def test_the_pod_is_reported_ready_only_once_ray_answers(
     reasons = [e.split("]: ", 1)[1].split(":")[0] for e in events]
     assert reasons.index("Started") < reasons.index("Ready")
     pod = get(control_plane, f"/api/v1/namespaces/{ray_cluster['namespace']}/pods/rc-head")
-    assert podrunner.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
+    assert controlplane.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
     assert pod["status"]["containerStatuses"][0]["ready"] is True  # type: ignore[index]
 
 
@@ -176,8 +178,8 @@ def test_the_head_service_name_reaches_the_local_dashboard_through_the_proxy(
 
 
 def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
-    worker: podrunner.LocalPod = ray_cluster["worker"]
+    head: localpod.LocalPod = ray_cluster["head"]
+    worker: localpod.LocalPod = ray_cluster["worker"]
     assert worker.process is not None
     assert f"--address={head.gcs_address}".encode() in Path(f"/proc/{worker.process.pid}/cmdline").read_bytes()
 
@@ -191,7 +193,7 @@ def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
 
 def test_the_process_acts_as_the_pods_service_account_with_a_token_bound_to_the_pod(
         control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
+    head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     kubeconfig = Path(environ(head.process.pid)["KUBECONFIG"])
     review = control_plane.kubectl("auth", "whoami", "-o", "json", kubeconfig=kubeconfig)
@@ -235,8 +237,8 @@ def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_n
                      timeout=30, what="the pod Failed", bed=runner)
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] == "Error"
-    assert podrunner.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
-    wait_until(lambda: not podrunner.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
+    assert controlplane.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
+    wait_until(lambda: not localpod.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
 
 
 def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
@@ -245,7 +247,7 @@ def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
     forward, runner = bed
     namespace, head = ray_cluster["namespace"], ray_cluster["head"]
     chaos.evict(control_plane, namespace, "rc-head")
-    wait_until(lambda: not podrunner.pod_processes(head.uid) and head.state == "killed", timeout=30,
+    wait_until(lambda: not localpod.pod_processes(head.uid) and head.state == "killed", timeout=30,
                what="the head's processes gone", bed=runner)
     status, body = via_proxy(forward, f"http://rc-head-svc.{namespace}.svc.cluster.local:8265/api/version")
     assert status == 502 and b"no route" in body
@@ -270,9 +272,9 @@ def test_a_node_failure_kills_its_pods_processes_at_once(
         started = time.monotonic()
         killed = chaos.fail_node(control_plane, runner, node, kubelet)
         assert [p.uid for p in killed] == [local.uid]
-        assert not podrunner.pod_processes(local.uid) and time.monotonic() - started < 10
+        assert not localpod.pod_processes(local.uid) and time.monotonic() - started < 10
         node_obj = get(control_plane, f"/api/v1/nodes/{node}")
-        assert podrunner.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
+        assert controlplane.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
         time.sleep(2 * runner.interval)
         assert runner.find(namespace, "on-doomed").state == "killed"  # type: ignore[union-attr]  # not restarted
     finally:
@@ -346,9 +348,9 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
     watcher.join(60)
     types = [t for t, _ in seen]
     assert types[-1] == "DELETED", types
-    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if podrunner.condition(pod, "DisruptionTarget"))
+    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if controlplane.condition(pod, "DisruptionTarget"))
     deleting = next(i for i, (_, pod) in enumerate(seen) if pod["metadata"].get("deletionTimestamp"))
     assert first_disrupted < deleting
-    assert podrunner.condition(seen[first_disrupted][1], "DisruptionTarget")["reason"] == "PreemptionByScheduler"  # type: ignore[index]
-    wait_until(lambda: local.state == "killed" and not podrunner.pod_processes(local.uid), timeout=30,
+    assert controlplane.condition(seen[first_disrupted][1], "DisruptionTarget")["reason"] == "PreemptionByScheduler"  # type: ignore[index]
+    wait_until(lambda: local.state == "killed" and not localpod.pod_processes(local.uid), timeout=30,
                what="the head's processes gone", bed=runner)
