@@ -6,7 +6,7 @@ pod-runner tests (tests/integration/test_podrunner.py).
 kwok still plays the pods' phase (Running, a fake pod IP, deletion); this runner adds what kwok cannot, the process:
 
     kube-scheduler binds a KubeRay pod (label ray.io/node-type) to a kwok node; kwok sets it Running
-      └── runner (level-triggered, every `interval`):
+      └── runner (level-triggered, every `interval`; `completed_passes` counts the passes):
           ├── head pod  ──> `ray start --head --block` on free loopback ports (raystart.py), own session and
           │                 process group, short --temp-dir (AF_UNIX paths < 107 bytes), fresh HOME (Ray 2.60
           │                 turns on dashboard token auth when ~/.ray/auth_token exists; KubeRay 1.5 sends no
@@ -89,6 +89,9 @@ class PodRunner:
     workdir: Path = field(init=False)
     pods: dict[str, localpod.LocalPod] = field(init=False, default_factory=dict)
     events: list[str] = field(init=False, default_factory=list)
+    # Passes that ran to the end without an error. A pass under way when a test changes something may have read
+    # the API before the change: two more completed passes include one that started after it.
+    completed_passes: int = field(init=False, default=0)
     _api: kubeapi.KubeApi = field(init=False)
     _volumes: provisioner.HostPathProvisioner = field(init=False)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
@@ -190,7 +193,7 @@ class PodRunner:
         """A dump for failing tests: every pod's state and log tail, and the runner's event list."""
         with self._lock:
             lines = ["runner events:\n  " + "\n  ".join(self.events[-40:]),
-                     f"last pass error: {self._pass_error}"]
+                     f"passes completed: {self.completed_passes}; last pass error: {self._pass_error}"]
             for pod in self.pods.values():
                 lines.append(f"--- {pod.key} ({pod.role}, {pod.state}, exit {pod.exit_code}) {pod.log_path}\n"
                              f"{pod.log_tail(15)}")
@@ -203,6 +206,7 @@ class PodRunner:
             try:
                 self._pass()
                 self._pass_error = ""
+                self.completed_passes += 1
             except Exception as err:  # the loop must survive API hiccups; the next pass retries
                 self._pass_error = f"{type(err).__name__}: {err}"
                 log.warning("pod runner pass failed: %s", self._pass_error)

@@ -15,9 +15,7 @@ tests/conftest.py). On failure, the tests print what the pod runner saw and the 
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ import chaos
 import controlplane
 import fullloop
 import podrunner
+from support import waiting
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainingrun"
@@ -88,10 +87,7 @@ class OperatorProcess:
                 chaos.kill_process(self.popen)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return controlplane.tail(self.log_path, lines)
 
 
 def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
@@ -110,9 +106,8 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     for obj in objects:
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             obj["metadata"].setdefault("namespace", namespace)
-    plane.kubectl("create", "namespace", namespace, check=False)
-    plane.kubectl("apply", "--server-side", "--field-manager=trainingrun-e2e", "-f", "-",
-                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, *objects,
+                field_manager="trainingrun-e2e")
     return str(accounts[0])
 
 
@@ -148,24 +143,9 @@ class Loop:
         ours = f"\n--- trainingrun operator log\n{self.operator.log_tail()}" if self.operator else ""
         return f"{self.bed.describe()}{ours}"
 
-    def wait(self, probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:
-        """Polls until `probe()` is truthy and returns that value; fails naming `what`, with diagnostics."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}\n"
-                            f"{self.diagnostics()}", pytrace=False)
-            time.sleep(interval)
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        status, body = self.plane.request("GET", path)
-        if status == 404:
-            return None
-        assert status == 200, f"GET {path}: {status} {body}"
-        return dict(body)
+    def wait(self, probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
+        """`waiting.wait` with this loop's diagnostics (the pod runner, KubeRay and our operator) on a timeout."""
+        return waiting.wait(probe, timeout=timeout, what=what, diagnostics=self.diagnostics, interval=0.25)
 
     def tiny_run(self, name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
                  **trainer: Any) -> dict[str, Any]:
@@ -175,11 +155,11 @@ class Loop:
         return checkpoints_pvc(name)
 
     def run_status(self, namespace: str, name: str) -> dict[str, Any]:
-        run = self.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns/{name}")
+        run = self.plane.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns/{name}")
         return dict((run or {}).get("status") or {})
 
     def rayjobs(self, namespace: str) -> list[dict[str, Any]]:
-        return list((self.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
+        return list((self.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
 
     def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
         """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
@@ -191,16 +171,12 @@ class Loop:
             return status if status.get("phase") == phase else None
         return self.wait(reached, timeout=timeout, what=f"run {name} {phase}")
 
-    def apply(self, namespace: str, *objects: dict[str, Any]) -> None:
-        self.plane.kubectl("apply", "-n", namespace, "-f", "-",
-                           input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
 
 def tiny_run(name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
              **trainer: Any) -> dict[str, Any]:
     """manifests/examples/tiny.yaml as shipped, renamed, with `trainer` and `checkpoint` fields overridden (shorter
-    runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay derives
-    num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
+    runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay
+    derives num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
     storage units), so the example as shipped fails with DataPlaneError on a real cluster."""
     run = next(d for d in yaml.safe_load_all(TINY.read_text()) if d and d.get("kind") == "TrainingRun")
     run["metadata"]["name"] = name
