@@ -69,7 +69,8 @@ LIVE_STATES = ("starting", "ready", "backoff")
 
 
 class RunnerError(RuntimeError):
-    """The runner could not do what a kubelet would (start a pod, mount a volume); the message says which pod."""
+    """The runner could not start a pod as a kubelet would (a worker without a running head); the message says
+    which pod."""
 
 
 @dataclass(eq=False)
