@@ -13,27 +13,29 @@ The fixture's object (`controlplane.ControlPlane`):
     .api_client(kubeconfig=None)     a `kubernetes.client.ApiClient` (admin unless a kubeconfig is given)
     .bin_dir, .kuberay_module_dir    the pinned binaries; KubeRay's module (config/crd/bases, config/rbac)
     .server, .ca_file, .admin_token, .node_names, .workdir, .startup_seconds
-    .request(method, path, body=None, token=None) -> (status, body)   one raw API call
+    .request(method, path, body=None, token=None) -> (status, body)   one raw API call (through .api, the
+                                     test bed's one HTTPS client: hack/testbed/kubeapi.py)
+    .get(path) -> dict | None        the object, None on 404
+    .apply(*objects, namespace=None, field_manager=None)             kubectl apply of a List
+    .create_namespace(name, labels=None)                              and wait for its `default` ServiceAccount
     .create_fake_node(name, ...), .start_kwok(manage_single_node=...), .wait_nodes_ready(names)
     .install_crds(paths)             server-side apply, waits until Established
 
 `namespace` (function scope): a fresh namespace name whose `default` ServiceAccount exists; deleted after the test.
+
+hack/testbed is on pytest's path (`pythonpath` in pyproject.toml), so tests import its modules by name
+(`import controlplane`); so is tests/ (`from support import waiting`).
 """
 
 from __future__ import annotations
 
 import re
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hack" / "testbed"))
-
-import controlplane  # noqa: E402  (hack/testbed is not a package; it is put on sys.path just above)
+import controlplane
 
 TESTBED_NODES = 2
 
@@ -56,14 +58,7 @@ def control_plane() -> Iterator[controlplane.ControlPlane]:
 def namespace(control_plane: controlplane.ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")[:40].strip("-")
     name = f"t-{slug}-{uuid.uuid4().hex[:5]}"
-    control_plane.kubectl("create", "namespace", name)
-    control_plane.kubectl("label", "namespace", name, "trainingrun.dev/testbed=true")
-    deadline = time.monotonic() + 30
-    # Pods need the namespace's `default` ServiceAccount, which the controller manager creates shortly after.
-    while control_plane.request("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
-        if time.monotonic() > deadline:
-            pytest.fail(f"serviceaccount {name}/default never appeared (is the controller manager running?)")
-        time.sleep(0.1)
+    control_plane.create_namespace(name, labels={"trainingrun.dev/testbed": "true"})
     try:
         yield name
     finally:

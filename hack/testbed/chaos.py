@@ -2,7 +2,8 @@
 
 Who calls it: tests/e2e (the journey, repeated preemption, zombie and operator-kill tests) and the pod-runner
 tests. It is a TEST COMPONENT. Each control does what the real cause does to the API objects, and the pod runner
-(`podrunner.PodRunner`, playing the kubelet) does what it does to the processes:
+(`podrunner.PodRunner`, playing the kubelet; a pod's processes are `localpod.LocalPod`'s) does what it does to the
+processes:
 
     evict(...)                 the Eviction API (what `kubectl drain` and the node-pressure path use)
     disrupt_and_delete(...)    a DisruptionTarget condition, then a delete (what the scheduler's preemption and
@@ -14,7 +15,7 @@ tests. It is a TEST COMPONENT. Each control does what the real cause does to the
                                `thaw` (a zombie attempt)
     kill_process(...)          SIGKILL a whole process group (our operator)
 
-Standard library only.
+Standard library only, plus this directory's modules and `trainingrun_runtime.timestamps`.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import controlplane  # noqa: E402
-import podrunner  # noqa: E402
+import controlplane
+import localpod
+import podrunner
+import podstatus
+from trainingrun_runtime import timestamps
 
 
 class ChaosError(RuntimeError):
@@ -71,12 +72,12 @@ def disrupt_and_delete(plane: controlplane.ControlPlane, namespace: str, pod: st
                        reason: str = "PreemptionByScheduler",
                        message: str = "testbed chaos: preempted to make room for a higher-priority pod") -> None:
     """Sets the pod's DisruptionTarget condition (as the scheduler does before a preemption), then deletes it."""
-    now = podrunner.now_rfc3339()
+    now = timestamps.now(timespec="seconds")
     status, body = plane.request(
         "PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
         {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason,
                                     "message": message, "lastTransitionTime": now}]}},
-        content_type="application/strategic-merge-patch+json")
+        content_type=podstatus.PATCH_CONTENT_TYPE)
     if status != 200:
         raise ChaosError(f"setting DisruptionTarget on {namespace}/{pod} returned {status}: {body}")
     status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}")
@@ -85,19 +86,19 @@ def disrupt_and_delete(plane: controlplane.ControlPlane, namespace: str, pod: st
 
 
 def fail_node(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str,
-              kubelet: controlplane.Process) -> list[podrunner.LocalPod]:
+              kubelet: controlplane.Process) -> list[localpod.LocalPod]:
     """The node dies: its kubelet (a kwok process that manages only this node) stops, every process of its pods
     is SIGKILLed, and its Ready condition turns Unknown at once (the node lifecycle controller would do the same
     after its grace period, and then taints the node and marks its pods not Ready). Returns the pods killed."""
     kubelet.stop(timeout=5)
     killed = runner.kill_node(node)
-    now = podrunner.now_rfc3339()
+    now = timestamps.now(timespec="seconds")
     status, body = plane.request(
         "PATCH", f"/api/v1/nodes/{node}/status",
         {"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
                                     "message": "testbed chaos: kubelet stopped posting node status",
                                     "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
-        content_type="application/strategic-merge-patch+json")
+        content_type=podstatus.PATCH_CONTENT_TYPE)
     if status != 200:
         raise ChaosError(f"marking node {node} NotReady returned {status}: {body}")
     return killed
@@ -110,7 +111,7 @@ def driver_processes(runner: podrunner.PodRunner, namespace: str, pod: str, patt
     if local is None:
         raise ChaosError(f"the pod runner does not play {namespace}/{pod}")
     found = []
-    for pid in podrunner.pod_processes(local.uid):
+    for pid in localpod.pod_processes(local.uid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -137,7 +138,7 @@ def kill_driver(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: 
 
 
 def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, namespace: str,
-              pod: str, *, freeze: bool = False) -> podrunner.LocalPod:
+              pod: str, *, freeze: bool = False) -> localpod.LocalPod:
     """The pod's node is cut off: the API object is force-deleted (as after a node loss), but its processes keep
     running: a zombie. With `freeze`, they are also stopped (SIGSTOP: a node paused, e.g. a VM live-migrated)
     until `thaw`. Returns the runner's record, whose processes `runner.stop()` (or `end_zombie`) kills."""
@@ -146,7 +147,7 @@ def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, nam
         raise ChaosError(f"the pod runner does not play {namespace}/{pod}")
     runner.detach(local.uid)
     if freeze:
-        podrunner.signal_pod(local.uid, local.process, signal.SIGSTOP)
+        localpod.signal_pod(local.uid, local.process, signal.SIGSTOP)
     status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}",
                                  {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
     if status not in (200, 202, 404):
@@ -154,17 +155,14 @@ def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, nam
     return local
 
 
-def thaw(local: podrunner.LocalPod) -> None:
+def thaw(local: localpod.LocalPod) -> None:
     """Resumes what `partition(freeze=True)` stopped."""
-    podrunner.signal_pod(local.uid, local.process, signal.SIGCONT)
+    localpod.signal_pod(local.uid, local.process, signal.SIGCONT)
 
 
-def end_zombie(local: podrunner.LocalPod) -> None:
+def end_zombie(local: localpod.LocalPod) -> None:
     """SIGKILLs what `partition` left running."""
-    for _ in range(50):
-        if not podrunner.signal_pod(local.uid, local.process, signal.SIGKILL) and not podrunner.pod_processes(local.uid):
-            return
-        time.sleep(0.1)
+    localpod.kill_all(local.uid, local.process)
 
 
 def kill_process(popen: subprocess.Popen[Any]) -> int:

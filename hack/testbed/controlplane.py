@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import ctypes
 import functools
+import http.client
 import json
 import logging
 import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -45,12 +46,12 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kubeaccess  # hack/testbed/kubeaccess.py: this directory is on sys.path (as a script, or via conftest)
+import kubeapi  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ BINARY_NAMES = (
 )
 KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+LONE_NODE_TAINT = "trainingrun.dev/testbed"
 WORKDIR_PREFIX = "trun-cp-"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 # Node heartbeats: kwok renews each node's Lease every lease/4 = 5 s; the node lifecycle controller calls a node
@@ -140,18 +142,44 @@ def default_crd_paths(binaries: Binaries) -> list[Path]:
 
 
 def free_port() -> int:
+    """A free loopback port from the kernel's ephemeral range (outside Ray's worker range 10002-19999)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: PR_SET_PDEATHSIG(SIGKILL), so no component outlives a test process that was killed outright.
-    SIGKILL, not SIGTERM: a kube-apiserver whose etcd is gone hangs in its graceful shutdown."""
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """A preexec_fn that sets PR_SET_PDEATHSIG(`sig`), so no child outlives a test process killed outright.
+    SIGKILL for the components (a kube-apiserver whose etcd is gone hangs in its graceful shutdown); the pod
+    runner's Ray pods get SIGTERM."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
+        except OSError:
+            pass
+
+    return preexec
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    """The last `lines` lines of a log file, or "(no log)"."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
-        pass
+        return "(no log)"
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The status condition of type `kind` of an API object (a node, a pod), or None."""
+    for cond in (obj or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def node_ready(node: dict[str, Any] | None) -> bool:
+    return (condition(node, "Ready") or {}).get("status") == "True"
 
 
 @dataclass
@@ -167,10 +195,7 @@ class Process:
         return self.popen.poll() is None
 
     def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stopped = True
@@ -204,6 +229,24 @@ def fake_node(name: str, *, cpu: str = "32", memory: str = "256Gi", pods: str = 
         "spec": {"taints": list(taints)},
         "status": {"capacity": resources, "allocatable": resources},
     }
+
+
+@dataclass(frozen=True)
+class LoneNode:
+    """A fake node played by a kwok of its own (its kubelet: stopping it is the node dying), tainted so that only
+    the pods that ask for it (`pod_fields`) land there."""
+
+    name: str
+    kubelet: Process
+
+    @staticmethod
+    def taint(name: str) -> dict[str, str]:
+        return {"key": LONE_NODE_TAINT, "value": name, "effect": "NoSchedule"}
+
+    def pod_fields(self) -> dict[str, Any]:
+        """The nodeSelector and tolerations of a pod spec that lands on this node."""
+        return {"nodeSelector": {"kubernetes.io/hostname": self.name},
+                "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}]}
 
 
 _LIVE: set[ControlPlane] = set()
@@ -252,6 +295,7 @@ class ControlPlane:
     node_names: list[str] = field(init=False, default_factory=list)
     startup_seconds: float = field(init=False, default=0.0)
     processes: list[Process] = field(init=False, default_factory=list)
+    api: kubeapi.KubeApi = field(init=False)  # admin, verifying the API server's certificate
     _started: float = field(init=False, default=0.0, repr=False)
 
     # -- public surface ---------------------------------------------------------------------------------
@@ -316,16 +360,40 @@ class ControlPlane:
     def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
                 content_type: str = "application/json") -> tuple[int, Any]:
         """One raw API request (admin token unless `token`); returns (HTTP status, decoded body)."""
-        return kubeaccess.https_json(method, self.server + path, token=token or self.admin_token, body=body,
-                           context=ssl.create_default_context(cafile=str(self.ca_file)), content_type=content_type)
+        return self.api.request(method, path, body, token=token, content_type=content_type)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """The object at `path`, None when it does not exist (404); TestbedError on any other answer."""
+        status, body = self.request("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise TestbedError(f"GET {path} returned {status}: {body}")
+        return dict(body)
+
+    def apply(self, *objects: dict[str, Any], namespace: str | None = None, field_manager: str | None = None) -> None:
+        """`kubectl apply` of `objects` as one List (into `namespace` when given); server-side, under
+        `field_manager`, when one is given."""
+        args = ["--server-side", f"--field-manager={field_manager}"] if field_manager else []
+        if namespace:
+            args += ["-n", namespace]
+        self.kubectl("apply", *args, "-f", "-",
+                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+    def create_namespace(self, name: str, *, labels: dict[str, str] | None = None, timeout: float = 30.0) -> None:
+        """Creates a namespace and waits for its `default` ServiceAccount (made by the controller manager shortly
+        after), without which no pod can be created there."""
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        self._wait(f"serviceaccount {name}/default (controller manager)",
+                   lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
+                   timeout, component="kube-controller-manager")
 
     def service_account_kubeconfig(self, namespace: str, name: str, *, expiration_seconds: int = 3600,
                                    audiences: Sequence[str] | None = None) -> Path:
         """A kubeconfig whose token was minted for `namespace/name` through the TokenRequest API."""
         out = self.workdir / f"kubeconfig-sa-{namespace}-{name}-{uuid.uuid4().hex[:6]}"
-        return kubeaccess.kubeconfig_for_service_account(
-            namespace, name, server=self.server, ca_file=self.ca_file, admin_token=self.admin_token, out=out,
-            expiration_seconds=expiration_seconds, audiences=audiences)
+        return kubeapi.service_account_kubeconfig(self.api, namespace, name, ca_file=self.ca_file, out=out,
+                                                  expiration_seconds=expiration_seconds, audiences=audiences)
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         """A `kubernetes.client.ApiClient` for this cluster (admin unless `kubeconfig`); needs the kubernetes
@@ -342,6 +410,19 @@ class ControlPlane:
             raise TestbedError(f"creating node {name} returned {status}: {body}")
         return dict(body)
 
+    @contextlib.contextmanager
+    def lone_node(self, prefix: str = "doomed") -> Iterator[LoneNode]:
+        """A `LoneNode`, Ready; afterwards its kwok is stopped and the node deleted."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.create_fake_node(name, taints=[LoneNode.taint(name)], annotations={KWOK_ANNOTATION: name})
+        kubelet = self.start_kwok(manage_single_node=name, name=f"kwok-{name}")
+        try:
+            self.wait_nodes_ready([name])
+            yield LoneNode(name, kubelet)
+        finally:
+            kubelet.stop()
+            self.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+
     def wait_nodes_ready(self, names: Iterable[str], timeout: float = 60.0) -> None:
         """Until each node is Ready and carries no `node.kubernetes.io/*` taint (so pods can land)."""
         pending = set(names)
@@ -355,30 +436,38 @@ class ControlPlane:
 
         self._wait(f"nodes {sorted(pending)} Ready (kwok)", ready, timeout, component="kwok")
 
-    def start_kwok(self, *, manage_single_node: str | None = None, name: str = "kwok") -> Process:
-        """A kwok process: for the annotated fake nodes, or for one node (a node whose kubelet can die)."""
+    def start_kwok(self, *, manage_single_node: str | None = None, annotation: str = "fake", name: str = "kwok",
+                   config: Path | None = None) -> Process:
+        """A kwok process: for the fake nodes annotated `KWOK_ANNOTATION: <annotation>`, or for one node (a node
+        whose kubelet can die); `config`, a file of kwok Stages that replace its default pod life cycle."""
         selector = (["--manage-single-node", manage_single_node] if manage_single_node else
-                    ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"])
-        return self._spawn(name, "kwok", [
+                    ["--manage-all-nodes=false",
+                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={annotation}"])
+        return self.spawn(name, "kwok", [
             "--kubeconfig", str(self.kubeconfig), *selector, "--node-ip", "127.0.0.1",
             "--server-address", "127.0.0.1:0", f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+            *(["--config", str(config)] if config else []),
         ])
 
     # -- start-up ---------------------------------------------------------------------------------------
 
     def _start_all(self) -> None:
-        certs = self.workdir / "certs"
-        certs.mkdir()
+        """etcd, then the API server (and the CRDs), then the controllers and kwok's nodes; each waited for."""
         sa_key, sa_pub = self.workdir / "sa.key", self.workdir / "sa.pub"
         _write_rsa_pair(sa_key, sa_pub)
-        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
-        tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
-        tokens.chmod(0o600)
+        etcd_url = self._start_etcd()
+        self._start_apiserver(etcd_url, sa_key, sa_pub)
+        # CRDs before the controller manager, so its garbage collector watches them from its first sync.
+        crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
+        log.info("%d CRDs Established after %.1fs", len(crds), time.monotonic() - self._started)
+        self._start_controllers(sa_key)
+        self.wait_nodes_ready(self.node_names)
 
-        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+    def _start_etcd(self) -> str:
+        """Starts etcd and waits until it is healthy; returns its client URL."""
+        etcd_port, etcd_peer = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self._spawn("etcd", "etcd", [
+        self.spawn("etcd", "etcd", [
             "--name", "default", "--data-dir", str(self.workdir / "etcd"),
             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
@@ -387,9 +476,20 @@ class ControlPlane:
             "--unsafe-no-fsync", "--log-level", "warn",
         ])
         self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), 30, component="etcd")
+        return etcd_url
 
+    def _start_apiserver(self, etcd_url: str, sa_key: Path, sa_pub: Path) -> None:
+        """Starts the API server with an admin token (system:masters); once it is ready, sets `server`, `ca_file`,
+        `api` and the admin `kubeconfig`."""
+        certs = self.workdir / "certs"
+        certs.mkdir()
+        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
+        tokens.chmod(0o600)
+        api_port = free_port()
         self.server = f"https://127.0.0.1:{api_port}"
-        self._spawn("kube-apiserver", "kube-apiserver", [
+        self.spawn("kube-apiserver", "kube-apiserver", [
             "--etcd-servers", etcd_url, "--cert-dir", str(certs),
             "--secure-port", str(api_port), "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
             "--service-cluster-ip-range", "10.0.0.0/24",
@@ -398,46 +498,44 @@ class ControlPlane:
             "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
             "--endpoint-reconciler-type", "none", "--allow-privileged", "--profiling=false",
         ])
-        insecure = kubeaccess.insecure_context()
-        self._wait("kube-apiserver /readyz",
-                   lambda: kubeaccess.https_json("GET", f"{self.server}/readyz", token=self.admin_token,
-                                       context=insecure, timeout=3)[0] == 200,
-                   60, component="kube-apiserver")
+        unverified = kubeapi.KubeApi(self.server, kubeapi.insecure_context(), self.admin_token, timeout=3)
+        self._wait("kube-apiserver /readyz", functools.partial(_https_healthy, unverified, "/readyz"), 60,
+                   component="kube-apiserver")
         # The apiserver writes its self-signed serving certificate (and the CA that signed it) here.
         self.ca_file = certs / "apiserver.crt"
-        self.kubeconfig = kubeaccess.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
-                                                      ca_file=self.ca_file, user="admin", token=self.admin_token)
+        self.api = kubeapi.KubeApi(self.server, kubeapi.verified_context(self.ca_file), self.admin_token)
+        self.kubeconfig = kubeapi.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
+                                                   ca_file=self.ca_file, user="admin", token=self.admin_token)
 
-        # CRDs before the controller manager, so its garbage collector watches them from its first sync.
-        crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
-        log.info("%d CRDs Established after %.1fs", len(crds), time.monotonic() - self._started)
-
+    def _start_controllers(self, sa_key: Path) -> None:
+        """The controller manager, the scheduler, kwok and its fake nodes; waits for both /healthz and for the
+        `default` ServiceAccount (the controller manager's first visible work)."""
         common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
                   "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
                   "--bind-address", "127.0.0.1"]
         kcm_port, sched_port = free_port(), free_port()
-        self._spawn("kube-controller-manager", "kube-controller-manager", [
+        self.spawn("kube-controller-manager", "kube-controller-manager", [
             *common, "--secure-port", str(kcm_port), "--cert-dir", str(self.workdir / "kcm-certs"),
             "--controllers", "*", "--service-account-private-key-file", str(sa_key),
             "--root-ca-file", str(self.ca_file),
             f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
             "--kube-api-qps=100", "--kube-api-burst=200",
         ])
-        self._spawn("kube-scheduler", "kube-scheduler", [
+        self.spawn("kube-scheduler", "kube-scheduler", [
             *common, "--secure-port", str(sched_port), "--cert-dir", str(self.workdir / "scheduler-certs"),
         ])
         self.start_kwok()
         self.node_names = [f"kwok-node-{i}" for i in range(self.nodes)]
         for name in self.node_names:
             self.create_fake_node(name)
-
+        insecure = kubeapi.insecure_context()
         for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
-            healthz = functools.partial(_https_healthy, f"https://127.0.0.1:{port}/healthz", insecure)
-            self._wait(f"{component} /healthz", healthz, 60, component=component)
+            healthz = kubeapi.KubeApi(f"https://127.0.0.1:{port}", insecure, None, timeout=3)
+            self._wait(f"{component} /healthz", functools.partial(_https_healthy, healthz, "/healthz"), 60,
+                       component=component)
         self._wait("serviceaccount default/default (controller manager)",
-                   lambda: self.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+                   lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
                    60, component="kube-controller-manager")
-        self.wait_nodes_ready(self.node_names)
 
     def install_crds(self, paths: Sequence[Path], timeout: float = 60.0) -> list[str]:
         """Applies CRD files server-side (large KubeRay schemas exceed the client-side annotation limit) and
@@ -467,12 +565,14 @@ class ControlPlane:
             time.sleep(0.2)
         return names
 
-    def _spawn(self, name: str, binary: str, args: list[str]) -> Process:
+    def spawn(self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None) -> Process:
+        """Starts one of the pinned binaries in its own process group, appending to `<workdir>/<name>.log`; it is
+        stopped with the control plane (newest first), and its death fails any later readiness wait."""
         log_path = self.workdir / f"{name}.log"
-        with open(log_path, "wb") as log_file:
+        with open(log_path, "ab") as log_file:
             popen = subprocess.Popen([str(self.binaries.path(binary)), *args], stdin=subprocess.DEVNULL,
-                                     stdout=log_file, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdout=log_file, stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
+                                     start_new_session=True, preexec_fn=die_with_parent())
         process = Process(name=name, popen=popen, log_path=log_path)
         self.processes.append(process)
         return process
@@ -490,7 +590,7 @@ class ControlPlane:
                 if probe():
                     log.info("%s: ready after %.1fs", what, time.monotonic() - self._started)
                     return
-            except (OSError, ValueError):
+            except (OSError, ValueError, http.client.HTTPException):
                 pass
             if time.monotonic() > deadline:
                 tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
@@ -523,14 +623,12 @@ def _sweep_stale_workdirs() -> None:
 
 
 def _node_is_schedulable(node: dict[str, Any]) -> bool:
-    conditions = node.get("status", {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     taints = node.get("spec", {}).get("taints") or []
-    return ready and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
+    return node_ready(node) and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
 
-def _https_healthy(url: str, context: ssl.SSLContext) -> bool:
-    return kubeaccess.https_json("GET", url, token=None, context=context, timeout=3)[0] == 200
+def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
+    return api.request("GET", path)[0] == 200
 
 
 def _http_ok(url: str) -> bool:
@@ -555,7 +653,8 @@ def _write_rsa_pair(private: Path, public: Path) -> None:
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
-def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+def raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    """A SIGTERM handler for the `up` commands: stop as on Ctrl-C, through the context managers."""
     raise KeyboardInterrupt
 
 
@@ -572,7 +671,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingBinaries as err:
         print(err, file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     with ControlPlane(binaries, nodes=args.nodes, keep_workdir=args.keep) as plane:
         print(plane.kubeconfig, flush=True)
         print(f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "

@@ -1,8 +1,9 @@
 """Full-loop fixtures: the real KubeRay operator, the pod runner and proxy, and our operator as its own process.
 
     control_plane (tests/conftest.py: etcd, kube-apiserver, controller manager, scheduler, kwok)
-      └── full_loop (module): forward proxy + pod runner (plays the kubelet for Ray pods) + KubeRay operator
-            (its own ServiceAccount and ClusterRole from its module's config/rbac; HTTP_PROXY = the proxy)
+      └── full_loop (module, hack/testbed/fullloop.py): forward proxy + pod runner (plays the kubelet for Ray
+            pods) + KubeRay operator (its own ServiceAccount and ClusterRole from its module's config/rbac;
+            HTTP_PROXY = the proxy)
       └── trainingrun_operator (module): `trainingrun operator` in its own process group, authenticated as the
             chart's ServiceAccount (RBAC rendered from charts/trainingrun by helm, applied as is)
 
@@ -14,9 +15,7 @@ tests/conftest.py). On failure, the tests print what the pod runner saw and the 
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,9 @@ import yaml
 
 import chaos
 import controlplane
+import fullloop
 import podrunner
+from support import waiting
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trainingrun"
@@ -38,8 +39,8 @@ T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
-def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[podrunner.FullLoopBed]:
-    with podrunner.FullLoopBed.running(control_plane) as bed:
+def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[fullloop.FullLoopBed]:
+    with fullloop.FullLoopBed.running(control_plane) as bed:
         yield bed
 
 
@@ -56,7 +57,7 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         env = {"PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin", "HOME": str(self.plane.workdir),
                "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"}
-        liveness = f"http://127.0.0.1:{podrunner.free_port()}/healthz"
+        liveness = f"http://127.0.0.1:{controlplane.free_port()}/healthz"
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
             log_file.flush()
@@ -86,10 +87,7 @@ class OperatorProcess:
                 chaos.kill_process(self.popen)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return controlplane.tail(self.log_path, lines)
 
 
 def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
@@ -108,15 +106,14 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     for obj in objects:
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             obj["metadata"].setdefault("namespace", namespace)
-    plane.kubectl("create", "namespace", namespace, check=False)
-    plane.kubectl("apply", "--server-side", "--field-manager=trainingrun-e2e", "-f", "-",
-                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, *objects,
+                field_manager="trainingrun-e2e")
     return str(accounts[0])
 
 
 @pytest.fixture(scope="module")
 def trainingrun_operator(control_plane: controlplane.ControlPlane,
-                         full_loop: podrunner.FullLoopBed) -> Iterator[OperatorProcess]:
+                         full_loop: fullloop.FullLoopBed) -> Iterator[OperatorProcess]:
     account = install_chart_rbac(control_plane, OPERATOR_NAMESPACE)
     kubeconfig = control_plane.service_account_kubeconfig(OPERATOR_NAMESPACE, account, expiration_seconds=6 * 3600)
     process = OperatorProcess(control_plane, kubeconfig, control_plane.workdir / "trainingrun-operator.log").start()
@@ -139,31 +136,16 @@ class Loop:
     """What a full-loop test works with: the cluster, the bed, our operator, and polling with diagnostics."""
 
     plane: controlplane.ControlPlane
-    bed: podrunner.FullLoopBed
+    bed: fullloop.FullLoopBed
     operator: OperatorProcess | None = None
 
     def diagnostics(self) -> str:
         ours = f"\n--- trainingrun operator log\n{self.operator.log_tail()}" if self.operator else ""
         return f"{self.bed.describe()}{ours}"
 
-    def wait(self, probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:
-        """Polls until `probe()` is truthy and returns that value; fails naming `what`, with diagnostics."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = probe()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}\n"
-                            f"{self.diagnostics()}", pytrace=False)
-            time.sleep(interval)
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        status, body = self.plane.request("GET", path)
-        if status == 404:
-            return None
-        assert status == 200, f"GET {path}: {status} {body}"
-        return dict(body)
+    def wait(self, probe: Callable[[], T | None], *, timeout: float, what: str) -> T:
+        """`waiting.wait` with this loop's diagnostics (the pod runner, KubeRay and our operator) on a timeout."""
+        return waiting.wait(probe, timeout=timeout, what=what, diagnostics=self.diagnostics, interval=0.25)
 
     def tiny_run(self, name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
                  **trainer: Any) -> dict[str, Any]:
@@ -173,11 +155,11 @@ class Loop:
         return checkpoints_pvc(name)
 
     def run_status(self, namespace: str, name: str) -> dict[str, Any]:
-        run = self.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns/{name}")
+        run = self.plane.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns/{name}")
         return dict((run or {}).get("status") or {})
 
     def rayjobs(self, namespace: str) -> list[dict[str, Any]]:
-        return list((self.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
+        return list((self.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
 
     def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
         """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
@@ -189,16 +171,12 @@ class Loop:
             return status if status.get("phase") == phase else None
         return self.wait(reached, timeout=timeout, what=f"run {name} {phase}")
 
-    def apply(self, namespace: str, *objects: dict[str, Any]) -> None:
-        self.plane.kubectl("apply", "-n", namespace, "-f", "-",
-                           input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
 
 def tiny_run(name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
              **trainer: Any) -> dict[str, Any]:
     """manifests/examples/tiny.yaml as shipped, renamed, with `trainer` and `checkpoint` fields overridden (shorter
-    runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay derives
-    num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
+    runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay
+    derives num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
     storage units), so the example as shipped fails with DataPlaneError on a real cluster."""
     run = next(d for d in yaml.safe_load_all(TINY.read_text()) if d and d.get("kind") == "TrainingRun")
     run["metadata"]["name"] = name
@@ -225,7 +203,7 @@ def clean_up(plane: controlplane.ControlPlane, namespace: str) -> None:
 
 
 @pytest.fixture
-def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+def loop(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
          operator: OperatorProcess, namespace: str) -> Iterator[Loop]:
     yield Loop(control_plane, full_loop, operator)
     if not operator.alive():
@@ -234,7 +212,7 @@ def loop(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoop
 
 
 @pytest.fixture
-def harness(control_plane: controlplane.ControlPlane, full_loop: podrunner.FullLoopBed,
+def harness(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
             namespace: str) -> Iterator[Loop]:
     """The bed without our operator (the KubeRay self-test does not need it)."""
     yield Loop(control_plane, full_loop)

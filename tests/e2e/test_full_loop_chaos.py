@@ -21,6 +21,7 @@ import pytest
 
 import chaos
 import podrunner
+from trainingrun_runtime import timestamps
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -99,9 +100,10 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
     rng = random.Random(seed)
     print(f"\nE2E_CHAOS_SEED={seed}")
     steps, save_period = 40, 5
-    loop.apply(namespace, loop.checkpoints_pvc("rp-checkpoints"),
-               loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}))
-    rayjob = loop.wait(lambda: loop.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"), timeout=60,
+    loop.plane.apply(loop.checkpoints_pvc("rp-checkpoints"),
+                     loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
+                     namespace=namespace)
+    rayjob = loop.wait(lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"), timeout=60,
                        what="attempt 1's RayJob")
     reference = reference_run(loop, rayjob, tmp_path)
     try:
@@ -168,9 +170,10 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
     steps, save_period = 30, 5
     # Retention off in effect (keepLast 50): until attempt 2's driver claims the directory, a live zombie's
     # retention can delete the step attempt 2 is pinned to resume from (seen: attempt 2 FailedRestore, run Failed).
-    loop.apply(namespace, loop.checkpoints_pvc("zb-checkpoints"),
-               loop.tiny_run("zb", claim="zb-checkpoints", steps=steps,
-                             checkpoint={"savePeriod": save_period, "retention": {"keepLast": 50}}))
+    loop.plane.apply(loop.checkpoints_pvc("zb-checkpoints"),
+                     loop.tiny_run("zb", claim="zb-checkpoints", steps=steps,
+                                   checkpoint={"savePeriod": save_period, "retention": {"keepLast": 50}}),
+                     namespace=namespace)
     loop.wait(lambda: recorded_by(loop, namespace, "zb", 1), timeout=420, what="attempt 1's first checkpoint")
     directory = run_directory(loop, namespace, "zb-checkpoints", "zb")
     # The node is cut off and paused: the head pod is force-deleted, its processes (Ray, the driver) stay, frozen.
@@ -192,9 +195,9 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
         account = started_2["identity"]["serviceAccountName"]
         kubeconfig = loop.plane.service_account_kubeconfig(namespace, account)
         stale = {"status": {"runtime": {
-            "attempt": 1, "step": 999, "updated": podrunner.now_rfc3339(), "finished": False,
+            "attempt": 1, "step": 999, "updated": timestamps.now(), "finished": False,
             "lastCheckpoint": {"step": 999, "path": "/checkpoints/zb/step_999", "attempt": 1,
-                               "time": podrunner.now_rfc3339()}}}}
+                               "time": timestamps.now()}}}}
         patched = loop.plane.kubectl("patch", "trun", "zb", "-n", namespace, "--subresource=status",
                                      "--type=merge", "-p", json.dumps(stale), kubeconfig=kubeconfig, check=False)
         assert patched.returncode == 0, patched.stderr  # RBAC lets the identity write; fencing must drop it
@@ -222,8 +225,9 @@ def test_our_operator_killed_during_an_attempt_leaves_no_duplicate_rayjob_and_th
         loop: Loop, namespace: str) -> None:
     assert loop.operator is not None
     steps, save_period = 30, 5
-    loop.apply(namespace, loop.checkpoints_pvc("ok-checkpoints"),
-               loop.tiny_run("ok", claim="ok-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}))
+    loop.plane.apply(loop.checkpoints_pvc("ok-checkpoints"),
+                     loop.tiny_run("ok", claim="ok-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
+                     namespace=namespace)
     seen: set[str] = set()
 
     def rayjob_names() -> set[str]:

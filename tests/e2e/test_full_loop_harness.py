@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import chaos
-import podrunner
+import localpod
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py (the `harness` and `loop` fixtures)
@@ -45,11 +45,12 @@ def rayjob(name: str, entrypoint: str, *, workers: int) -> dict[str, Any]:
 
 def test_rayjobs_reach_complete_and_failed_through_the_real_kuberay(harness: Loop, namespace: str) -> None:
     started = time.monotonic()
-    harness.apply(namespace, rayjob("resources", PRINT_RESOURCES, workers=1), rayjob("failing", FAIL, workers=0))
+    harness.plane.apply(rayjob("resources", PRINT_RESOURCES, workers=1), rayjob("failing", FAIL, workers=0),
+                        namespace=namespace)
     path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
 
     def finished(name: str) -> dict[str, Any] | None:
-        job = harness.get(f"{path}/{name}")
+        job = harness.plane.get(f"{path}/{name}")
         status = (job or {}).get("status", {})
         return job if status.get("jobDeploymentStatus") in ("Complete", "Failed") else None
 
@@ -72,18 +73,19 @@ def test_rayjobs_reach_complete_and_failed_through_the_real_kuberay(harness: Loo
     assert "about to fail with 3" in failed["status"].get("message", ""), failed["status"]
 
     # shutdownAfterJobFinishes: KubeRay deletes the clusters, and the runner kills every process they had.
-    harness.wait(lambda: not harness.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters")["items"],  # type: ignore[index]
-                 timeout=60, what="the RayClusters deleted")
+    clusters = f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters"
+    harness.wait(lambda: not (harness.plane.get(clusters) or {}).get("items"), timeout=60,
+                 what="the RayClusters deleted")
     played = [p for p in harness.bed.runner.pods.values() if p.namespace == namespace]
     assert {p.role for p in played} == {"head", "worker"}
-    harness.wait(lambda: all(p.state == "killed" and not podrunner.pod_processes(p.uid) for p in played),
+    harness.wait(lambda: all(p.state == "killed" and not localpod.pod_processes(p.uid) for p in played),
                  timeout=60, what="every Ray process of both clusters gone")
     print(f"harness self-test: two RayJobs finished in {elapsed:.1f}s")
 
 
 def test_a_driver_killed_alone_fails_its_rayjob_while_its_head_pod_stays_up(harness: Loop, namespace: str) -> None:
-    harness.apply(namespace, rayjob("victim", "python -c \"import time; print('driver up'); time.sleep(600)\"",
-                                    workers=0))
+    harness.plane.apply(rayjob("victim", "python -c \"import time; print('driver up'); time.sleep(600)\"", workers=0),
+                        namespace=namespace)
     runner = harness.bed.runner
     head = harness.wait(lambda: next((p for p in runner.pods.values() if p.namespace == namespace and
                                       p.role == "head" and p.state == "ready"), None),
@@ -91,9 +93,12 @@ def test_a_driver_killed_alone_fails_its_rayjob_while_its_head_pod_stays_up(harn
     killed = chaos.kill_driver(runner, namespace, head.name, pattern="time.sleep(600)", timeout=180)
     assert killed
     path = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/victim"
-    failed = harness.wait(lambda: (j := harness.get(path)) and j.get("status", {}).get("jobDeploymentStatus")
+    failed = harness.wait(lambda: (j := harness.plane.get(path)) and j.get("status", {}).get("jobDeploymentStatus")
                           in ("Failed", "Complete") and j, timeout=120, what="the RayJob to end")
     assert failed["status"]["jobDeploymentStatus"] == "Failed" and failed["status"]["reason"] == "AppFailed"
     assert "exit code 137" in failed["status"]["message"], failed["status"]  # 128 + SIGKILL
-    # Only the driver died: Ray on the head pod ran on until KubeRay shut the cluster down.
+    # Only the driver died: Ray on the head pod ran on until KubeRay shut the cluster down. Two more passes of the
+    # runner (each would have seen an exited `ray start`) before saying that none was seen.
+    passes = runner.completed_passes + 2
+    harness.wait(lambda: runner.completed_passes >= passes, timeout=30, what="two more passes of the pod runner")
     assert head.restarts == 0 and not [e for e in runner.events if head.name in e and "Exited" in e]

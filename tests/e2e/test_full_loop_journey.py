@@ -44,7 +44,7 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     started = time.monotonic()
     run = loop.tiny_run("tiny")
     steps, save_period = run["spec"]["trainer"]["steps"], run["spec"]["checkpoint"]["savePeriod"]
-    loop.apply(namespace, loop.checkpoints_pvc("tiny-checkpoints"), run)
+    loop.plane.apply(loop.checkpoints_pvc("tiny-checkpoints"), run, namespace=namespace)
 
     first = loop.wait(lambda: latest_step(loop.run_status(namespace, "tiny")), timeout=420,
                       what="the first checkpoint recorded in status")
@@ -58,7 +58,7 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     chaos.evict(loop.plane, namespace, head["metadata"]["name"])
     evicted = time.monotonic()
 
-    rayjob_2 = loop.wait(lambda: loop.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/tiny-a2"),
+    rayjob_2 = loop.wait(lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/tiny-a2"),
                          timeout=180, what="attempt 2's RayJob")
     to_attempt_2 = time.monotonic() - evicted
     loop.wait(lambda: any(c["attempt"] == 2 for c in

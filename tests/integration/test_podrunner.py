@@ -1,46 +1,53 @@
-"""The pod runner plays the kubelet for Ray pods on kwok nodes: a local Ray per pod, with the pod's identity,
-volumes, readiness and routes, and every ending a kubelet sees. Real API server, real kwok, real Ray; the pods are
-written here the way KubeRay writes them (labels, the generated `ray start` command, its RAY_* variables), so these
-tests need no KubeRay (the KubeRay self-test is tests/e2e/test_full_loop_harness.py).
+"""The pod runner (hack/testbed/podrunner.py) plays the kubelet for Ray pods on kwok nodes: a local Ray per pod,
+with the pod's identity, volumes, readiness and routes, and every ending a kubelet sees. Real API server, real
+kwok, real Ray; the pods are written here the way KubeRay writes them (labels, the generated `ray start` command,
+its RAY_* variables), so these tests need no KubeRay (the KubeRay self-test is tests/e2e/test_full_loop_harness.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 import chaos
 import controlplane
+import kubeapi
+import localpod
 import podrunner
+import podspec
 import proxy
+from support import waiting
 
 pytestmark = pytest.mark.cluster
-T = TypeVar("T")
 
 
-def wait_until(probe: Callable[[], T], *, timeout: float, what: str, bed: podrunner.PodRunner | None = None,
-               interval: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}"
-                        + (f"\n{bed.describe()}" if bed else ""))
-        time.sleep(interval)
+def played_and_ready(runner: podrunner.PodRunner, namespace: str, name: str, *, what: str,
+                     timeout: float = 180) -> localpod.LocalPod:
+    """Waits until the runner plays pod `namespace/name` and its Ray answers; returns the runner's record."""
+    def ready() -> localpod.LocalPod | None:
+        local = runner.find(namespace, name)
+        return local if local is not None and local.state == "ready" else None
+
+    return waiting.wait(ready, timeout=timeout, what=what, diagnostics=runner.describe)
+
+
+def wait_passes(runner: podrunner.PodRunner, count: int = 2) -> None:
+    """Waits until the runner has completed `count` more passes. The first may have begun before this call; the
+    second began after it, so it saw every change the test made before: proof that a pass had the chance to act."""
+    target = runner.completed_passes + count
+    waiting.wait(lambda: runner.completed_passes >= target, timeout=30,
+                 what=f"{count} more passes of the pod runner", diagnostics=runner.describe)
 
 
 def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mount_path: str = "",
@@ -56,14 +63,15 @@ def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mou
         "env": [{"name": "KUBERAY_GEN_RAY_START_CMD", "value": start},
                 {"name": "RAY_ADDRESS", "value": "127.0.0.1:6379"}, {"name": "RAY_PORT", "value": "6379"},
                 {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"},
-                {"name": "RAY_CLUSTER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
+                {"name": "RAY_CLUSTER_NAME",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
                 {"name": "USER_SETTING", "value": "kept"},
                 {"name": "MY_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
     }
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster},
-                     "annotations": {podrunner.PLAY_ANNOTATION: "true"}},
+                     "annotations": {podspec.PLAY_ANNOTATION: "true"}},
         "spec": {"restartPolicy": restart_policy, "terminationGracePeriodSeconds": 5, "containers": [container],
                  "nodeSelector": {"type": "kwok"}, **spec},
     }
@@ -78,16 +86,6 @@ def head_service(cluster: str) -> dict[str, Any]:
             "spec": {"selector": {"ray.io/cluster": cluster, "ray.io/node-type": "head"},
                      "ports": [{"name": "dashboard", "port": 8265, "targetPort": "dashboard"},
                                {"name": "gcs-server", "port": 6379, "targetPort": 6379}]}}
-
-
-def apply(plane: controlplane.ControlPlane, namespace: str, *objects: dict[str, Any]) -> None:
-    plane.kubectl("apply", "-n", namespace, "-f", "-",
-                  input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
-
-def get(plane: controlplane.ControlPlane, path: str) -> dict[str, Any] | None:
-    status, body = plane.request("GET", path)
-    return dict(body) if status == 200 else None
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -117,20 +115,17 @@ def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.Forwa
     forward, runner = bed
     namespace = f"t-podrunner-{uuid.uuid4().hex[:5]}"
     mount_path = f"/trun-testbed-{uuid.uuid4().hex[:6]}/checkpoints"
-    control_plane.kubectl("create", "namespace", namespace)
-    wait_until(lambda: get(control_plane, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"), timeout=30,
-               what="the default ServiceAccount")
-    apply(control_plane, namespace,
-          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-sa"}},
-          {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
-           "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
-          head_service("rc"),
-          ray_pod("rc-head", "rc", "head", claim="ckpt", mount_path=mount_path, serviceAccountName="ray-sa"))
-    head = wait_until(lambda: (p := runner.find(namespace, "rc-head")) and p.state == "ready" and p,
-                      timeout=180, what="the head pod's Ray to answer", bed=runner)
-    apply(control_plane, namespace, ray_pod("rc-worker", "rc", "worker"))
-    worker = wait_until(lambda: (p := runner.find(namespace, "rc-worker")) and p.state == "ready" and p,
-                        timeout=180, what="the worker pod's Ray to start", bed=runner)
+    control_plane.create_namespace(namespace)
+    control_plane.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-sa"}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
+         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+        head_service("rc"),
+        ray_pod("rc-head", "rc", "head", claim="ckpt", mount_path=mount_path, serviceAccountName="ray-sa"),
+        namespace=namespace)
+    head = played_and_ready(runner, namespace, "rc-head", what="the head pod's Ray to answer")
+    control_plane.apply(ray_pod("rc-worker", "rc", "worker"), namespace=namespace)
+    worker = played_and_ready(runner, namespace, "rc-worker", what="the worker pod's Ray to start")
     try:
         yield {"namespace": namespace, "head": head, "worker": worker, "mount_path": Path(mount_path)}
     finally:
@@ -139,7 +134,7 @@ def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.Forwa
 
 def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_users_variables(
         ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
+    head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     assert os.getpgid(head.process.pid) == head.process.pid  # its own process group
     env = environ(head.process.pid)
@@ -151,7 +146,7 @@ def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_use
     assert len(str(head.temp_dir)) < 20  # Ray's AF_UNIX socket paths must stay under 107 bytes
     cmdline = Path(f"/proc/{head.process.pid}/cmdline").read_bytes().split(b"\0")
     assert b"--num-cpus=1" in cmdline and b"--dashboard-host=127.0.0.1" in cmdline  # user's params kept, net ours
-    assert len(podrunner.pod_processes(head.uid)) >= 4  # gcs, raylet, dashboard, ... all carry the marker
+    assert len(localpod.pod_processes(head.uid)) >= 4  # gcs, raylet, dashboard, ... all carry the marker
 
 
 def test_the_pod_is_reported_ready_only_once_ray_answers(
@@ -160,8 +155,8 @@ def test_the_pod_is_reported_ready_only_once_ray_answers(
     events = [e for e in bed[1].events if f"{ray_cluster['namespace']}/rc-head" in e]
     reasons = [e.split("]: ", 1)[1].split(":")[0] for e in events]
     assert reasons.index("Started") < reasons.index("Ready")
-    pod = get(control_plane, f"/api/v1/namespaces/{ray_cluster['namespace']}/pods/rc-head")
-    assert podrunner.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
+    pod = control_plane.get(f"/api/v1/namespaces/{ray_cluster['namespace']}/pods/rc-head")
+    assert controlplane.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
     assert pod["status"]["containerStatuses"][0]["ready"] is True  # type: ignore[index]
 
 
@@ -169,15 +164,19 @@ def test_the_head_service_name_reaches_the_local_dashboard_through_the_proxy(
         ray_cluster: dict[str, Any], bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
     forward, runner = bed
     url = f"http://rc-head-svc.{ray_cluster['namespace']}.svc.cluster.local:8265"
-    status, body = wait_until(lambda: (r := via_proxy(forward, f"{url}/api/version")) and r[0] == 200 and r,
-                              timeout=30, what="the route to the dashboard", bed=runner)
+
+    def routed() -> tuple[int, bytes] | None:
+        answer = via_proxy(forward, f"{url}/api/version")
+        return answer if answer[0] == 200 else None
+
+    _, body = waiting.wait(routed, timeout=30, what="the route to the dashboard", diagnostics=runner.describe)
     assert json.loads(body)["ray_version"] == "2.60.0"
     assert via_proxy(forward, f"http://rc-head-svc.elsewhere.svc.cluster.local:8265/api/version")[0] == 502
 
 
 def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
-    worker: podrunner.LocalPod = ray_cluster["worker"]
+    head: localpod.LocalPod = ray_cluster["head"]
+    worker: localpod.LocalPod = ray_cluster["worker"]
     assert worker.process is not None
     assert f"--address={head.gcs_address}".encode() in Path(f"/proc/{worker.process.pid}/cmdline").read_bytes()
 
@@ -186,12 +185,12 @@ def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
             summary = json.loads(response.read())["data"]["summary"]
         return sum(1 for node in summary if node["raylet"]["state"] == "ALIVE")
 
-    assert wait_until(lambda: alive_nodes() == 2, timeout=60, what="two alive Ray nodes")
+    assert waiting.wait(lambda: alive_nodes() == 2, timeout=60, what="two alive Ray nodes")
 
 
 def test_the_process_acts_as_the_pods_service_account_with_a_token_bound_to_the_pod(
         control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any]) -> None:
-    head: podrunner.LocalPod = ray_cluster["head"]
+    head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     kubeconfig = Path(environ(head.process.pid)["KUBECONFIG"])
     review = control_plane.kubectl("auth", "whoami", "-o", "json", kubeconfig=kubeconfig)
@@ -207,7 +206,7 @@ def test_the_pvc_is_bind_mounted_at_its_mount_path_in_the_pods_private_mount_nam
         control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
         bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
     namespace, head = ray_cluster["namespace"], ray_cluster["head"]
-    claim = get(control_plane, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/ckpt")
+    claim = control_plane.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/ckpt")
     assert claim is not None and claim["status"]["phase"] == "Bound"  # provisioned by the runner
     directory = bed[1].claim_directory(namespace, "ckpt")
     (directory / "from-host").write_text("written on the PV")
@@ -225,18 +224,17 @@ def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_n
         control_plane: controlplane.ControlPlane, namespace: str,
         bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
     runner = bed[1]
-    apply(control_plane, namespace, ray_pod("crashy", "crashy", "head"))
-    local = wait_until(lambda: (p := runner.find(namespace, "crashy")) and p.state == "ready" and p,
-                       timeout=180, what="the head's Ray to answer", bed=runner)
+    control_plane.apply(ray_pod("crashy", "crashy", "head"), namespace=namespace)
+    local = played_and_ready(runner, namespace, "crashy", what="the head's Ray to answer")
     assert local.process is not None
     os.killpg(local.process.pid, 9)
     path = f"/api/v1/namespaces/{namespace}/pods/crashy"
-    pod = wait_until(lambda: (p := get(control_plane, path)) and p["status"].get("phase") == "Failed" and p,
-                     timeout=30, what="the pod Failed", bed=runner)
+    pod = waiting.wait(lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Failed" and p,
+                       timeout=30, what="the pod Failed", diagnostics=runner.describe)
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] == "Error"
-    assert podrunner.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
-    wait_until(lambda: not podrunner.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
+    assert controlplane.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
+    waiting.wait(lambda: not localpod.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
 
 
 def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
@@ -245,8 +243,8 @@ def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
     forward, runner = bed
     namespace, head = ray_cluster["namespace"], ray_cluster["head"]
     chaos.evict(control_plane, namespace, "rc-head")
-    wait_until(lambda: not podrunner.pod_processes(head.uid) and head.state == "killed", timeout=30,
-               what="the head's processes gone", bed=runner)
+    waiting.wait(lambda: not localpod.pod_processes(head.uid) and head.state == "killed", timeout=30,
+                 what="the head's processes gone", diagnostics=runner.describe)
     status, body = via_proxy(forward, f"http://rc-head-svc.{namespace}.svc.cluster.local:8265/api/version")
     assert status == 502 and b"no route" in body
     assert not ray_cluster["mount_path"].parent.exists()  # the mountpoint the runner created is removed
@@ -256,42 +254,33 @@ def test_a_node_failure_kills_its_pods_processes_at_once(
         control_plane: controlplane.ControlPlane, namespace: str,
         bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
     runner = bed[1]
-    node = f"doomed-{uuid.uuid4().hex[:6]}"
-    taint = {"key": "trainingrun.dev/testbed", "value": node, "effect": "NoSchedule"}
-    control_plane.create_fake_node(node, taints=[taint], annotations={controlplane.KWOK_ANNOTATION: node})
-    kubelet = control_plane.start_kwok(manage_single_node=node, name=f"kwok-{node}")
-    try:
-        control_plane.wait_nodes_ready([node])
-        apply(control_plane, namespace, ray_pod("on-doomed", "doomed", "head",
-                                                nodeSelector={"kubernetes.io/hostname": node},
-                                                tolerations=[{**taint, "operator": "Equal"}]))
-        local = wait_until(lambda: (p := runner.find(namespace, "on-doomed")) and p.state == "ready" and p,
-                           timeout=180, what="the head's Ray on the doomed node", bed=runner)
-        started = time.monotonic()
-        killed = chaos.fail_node(control_plane, runner, node, kubelet)
-        assert [p.uid for p in killed] == [local.uid]
-        assert not podrunner.pod_processes(local.uid) and time.monotonic() - started < 10
-        node_obj = get(control_plane, f"/api/v1/nodes/{node}")
-        assert podrunner.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
-        time.sleep(2 * runner.interval)
-        assert runner.find(namespace, "on-doomed").state == "killed"  # type: ignore[union-attr]  # not restarted
-    finally:
-        kubelet.stop()
-        control_plane.kubectl("delete", "pod", "on-doomed", "-n", namespace, "--force", "--grace-period=0",
-                              "--ignore-not-found", check=False)
-        control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
+    with control_plane.lone_node() as node:
+        try:
+            control_plane.apply(ray_pod("on-doomed", "doomed", "head", **node.pod_fields()), namespace=namespace)
+            local = played_and_ready(runner, namespace, "on-doomed", what="the head's Ray on the doomed node")
+            started = time.monotonic()
+            killed = chaos.fail_node(control_plane, runner, node.name, node.kubelet)
+            assert [p.uid for p in killed] == [local.uid]
+            assert not localpod.pod_processes(local.uid) and time.monotonic() - started < 10
+            node_obj = control_plane.get(f"/api/v1/nodes/{node.name}")
+            assert controlplane.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
+            wait_passes(runner)  # passes that saw the pod on a node that is not Ready
+            assert runner.find(namespace, "on-doomed") is local and local.state == "killed"  # not restarted
+        finally:
+            control_plane.kubectl("delete", "pod", "on-doomed", "-n", namespace, "--force", "--grace-period=0",
+                                  "--ignore-not-found", check=False)
 
 
 def test_a_pending_claim_gets_a_hostpath_volume_bound_by_claim_ref(
         control_plane: controlplane.ControlPlane, namespace: str,
         bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
-    apply(control_plane, namespace, {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"},
-                                     "spec": {"accessModes": ["ReadWriteOnce"],
-                                              "resources": {"requests": {"storage": "2Gi"}}}})
+    control_plane.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"},
+                         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}}},
+                        namespace=namespace)
     path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/c"
-    claim = wait_until(lambda: (c := get(control_plane, path)) and c["status"].get("phase") == "Bound" and c,
-                       timeout=30, what="the claim Bound")
-    volume = get(control_plane, f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
+    claim = waiting.wait(lambda: (c := control_plane.get(path)) and c["status"].get("phase") == "Bound" and c,
+                         timeout=30, what="the claim Bound", diagnostics=bed[1].describe)
+    volume = control_plane.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
     assert volume is not None
     assert volume["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
     assert volume["spec"]["capacity"]["storage"] == "2Gi"
@@ -307,11 +296,11 @@ def test_a_ray_labelled_pod_that_kuberay_did_not_make_is_left_to_kwok(
     runner = bed[1]
     body = ray_pod("double-head", "double", "head")
     del body["metadata"]["annotations"]
-    apply(control_plane, namespace, body)
+    control_plane.apply(body, namespace=namespace)
     path = f"/api/v1/namespaces/{namespace}/pods/double-head"
-    wait_until(lambda: (p := get(control_plane, path)) and p["status"].get("phase") == "Running", timeout=60,
-               what="kwok to run the pod")
-    time.sleep(5 * runner.interval)
+    waiting.wait(lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Running", timeout=60,
+                 what="kwok to run the pod")
+    wait_passes(runner)  # passes that listed the pod Running on a kwok node: one the runner would have started
     assert runner.find(namespace, "double-head") is None
 
 
@@ -319,9 +308,8 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
         control_plane: controlplane.ControlPlane, namespace: str,
         bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
     runner = bed[1]
-    apply(control_plane, namespace, ray_pod("preemptee", "preemptee", "head"))
-    local = wait_until(lambda: (p := runner.find(namespace, "preemptee")) and p.state == "ready" and p,
-                       timeout=180, what="the head's Ray to answer", bed=runner)
+    control_plane.apply(ray_pod("preemptee", "preemptee", "head"), namespace=namespace)
+    local = played_and_ready(runner, namespace, "preemptee", what="the head's Ray to answer")
     seen: list[tuple[str, dict[str, Any]]] = []
     watching = threading.Event()
 
@@ -330,7 +318,7 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
         url = (f"{control_plane.server}/api/v1/namespaces/{namespace}/pods?watch=1&fieldSelector=metadata.name%3D"
                f"preemptee&resourceVersion={pod['metadata']['resourceVersion']}")
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {control_plane.admin_token}"})
-        context = ssl.create_default_context(cafile=str(control_plane.ca_file))
+        context = kubeapi.verified_context(control_plane.ca_file)
         with urllib.request.urlopen(request, context=context, timeout=60) as stream:
             watching.set()
             for line in stream:
@@ -346,9 +334,10 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
     watcher.join(60)
     types = [t for t, _ in seen]
     assert types[-1] == "DELETED", types
-    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if podrunner.condition(pod, "DisruptionTarget"))
+    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if controlplane.condition(pod, "DisruptionTarget"))
     deleting = next(i for i, (_, pod) in enumerate(seen) if pod["metadata"].get("deletionTimestamp"))
     assert first_disrupted < deleting
-    assert podrunner.condition(seen[first_disrupted][1], "DisruptionTarget")["reason"] == "PreemptionByScheduler"  # type: ignore[index]
-    wait_until(lambda: local.state == "killed" and not podrunner.pod_processes(local.uid), timeout=30,
-               what="the head's processes gone", bed=runner)
+    disruption = controlplane.condition(seen[first_disrupted][1], "DisruptionTarget")
+    assert disruption is not None and disruption["reason"] == "PreemptionByScheduler"
+    waiting.wait(lambda: local.state == "killed" and not localpod.pod_processes(local.uid), timeout=30,
+                 what="the head's processes gone", diagnostics=runner.describe)

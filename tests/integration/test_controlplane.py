@@ -1,17 +1,15 @@
-"""Smoke tests of the test bed: the real API server, controller manager, scheduler, kwok and CRDs do what the
-operator and the driver will rely on (RBAC by resource name, TokenRequest, our CRD and its printer columns,
-KubeRay's schema, garbage collection of owned objects, scheduling, eviction, a node that stops heartbeating).
+"""Smoke tests of the test bed's control plane (hack/testbed/controlplane.py): the real API server, controller
+manager, scheduler, kwok and CRDs do what the operator and the driver will rely on (RBAC by resource name,
+TokenRequest, our CRD and its printer columns, KubeRay's schema, garbage collection of owned objects, scheduling,
+eviction, a node that stops heartbeating).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -19,38 +17,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import controlplane
+from support import waiting
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "trainingrun.dev", "v1alpha1", "trainingruns"
 TINY_EXAMPLE = REPO / "manifests" / "examples" / "tiny.yaml"
-T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.2) -> T:
-    """Polls until `probe()` is truthy and returns that value; fails the test naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last value: {value!r}")
-        time.sleep(interval)
-
-
-def apply(plane: controlplane.ControlPlane, *objects: dict[str, Any], namespace: str) -> None:
-    plane.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                          "items": list(objects)}))
-
-
-def get(plane: controlplane.ControlPlane, path: str) -> dict[str, Any] | None:
-    status, body = plane.request("GET", path)
-    if status == 404:
-        return None
-    assert status == 200, f"GET {path}: {status} {body}"
-    return dict(body)
 
 
 def trainingrun(name: str) -> dict[str, Any]:
@@ -82,24 +55,17 @@ def pod(name: str, **spec: Any) -> dict[str, Any]:
             "spec": {"containers": [{"name": "main", "image": "fake.invalid/none:0"}], **spec}}
 
 
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for c in (obj or {}).get("status", {}).get("conditions") or []:
-        if c.get("type") == kind:
-            return dict(c)
-    return None
-
-
 def test_a_namespace_service_account_role_and_binding_grant_exactly_the_role(
         control_plane: controlplane.ControlPlane, namespace: str) -> None:
-    apply(control_plane,
-          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
-          {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"k": "v"}},
-          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "configmap-reader"},
-           "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]},
-          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "reader"},
-           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-reader"},
-           "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
-          namespace=namespace)
+    control_plane.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"k": "v"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "configmap-reader"},
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "reader"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-reader"},
+         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
+        namespace=namespace)
     listed = control_plane.kubectl("get", "-n", namespace, "serviceaccount/reader", "role/configmap-reader",
                                    "rolebinding/reader", "-o", "name").stdout.split()
     assert listed == ["serviceaccount/reader", "role.rbac.authorization.k8s.io/configmap-reader",
@@ -119,7 +85,7 @@ def test_a_namespace_service_account_role_and_binding_grant_exactly_the_role(
 
 def test_a_status_role_limited_by_resource_names_lets_a_minted_token_patch_only_that_run(
         control_plane: controlplane.ControlPlane, namespace: str) -> None:
-    apply(control_plane, trainingrun("run-a"), trainingrun("run-b"),
+    control_plane.apply(trainingrun("run-a"), trainingrun("run-b"),
           {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "driver"}},
           {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "run-a-status"},
            "rules": [{"apiGroups": [GROUP], "resources": ["trainingruns/status"], "resourceNames": ["run-a"],
@@ -142,8 +108,8 @@ def test_a_status_role_limited_by_resource_names_lets_a_minted_token_patch_only_
 
     assert patch_status("run-a") == 200
     assert patch_status("run-b") == 403
-    stored_a = get(control_plane, run_path(namespace, "run-a"))
-    stored_b = get(control_plane, run_path(namespace, "run-b"))
+    stored_a = control_plane.get(run_path(namespace, "run-a"))
+    stored_b = control_plane.get(run_path(namespace, "run-b"))
     assert stored_a is not None and stored_a["status"]["runtime"] == report["status"]["runtime"]
     assert stored_b is not None and "runtime" not in stored_b.get("status", {})
     # The role names the status subresource only: the run's spec stays out of the driver's reach.
@@ -159,7 +125,7 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
     assert [p.name for p in crds] == ["trainingrun.dev_trainingruns.yaml"]
     installed = control_plane.install_crds(crds)
     assert installed == ["customresourcedefinition.apiextensions.k8s.io/trainingruns.trainingrun.dev"]
-    apply(control_plane, trainingrun("columns"), namespace=namespace)
+    control_plane.apply(trainingrun("columns"), namespace=namespace)
     status = {"phase": "Running", "reason": "AttemptRunning", "attempt": {"number": 2},
               "restarts": {"total": 1, "preempted": 1}, "checkpoints": {"latest": {"step": 15, "attempt": 2}}}
     control_plane.kubectl("patch", "trun", "columns", "-n", namespace, "--subresource=status", "--type=merge",
@@ -177,8 +143,8 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
 
 def test_kuberay_schema_accepts_a_well_formed_rayjob_and_rejects_one_without_a_head_template(
         control_plane: controlplane.ControlPlane, namespace: str) -> None:
-    apply(control_plane, rayjob("well-formed"), namespace=namespace)
-    stored = get(control_plane, f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/well-formed")
+    control_plane.apply(rayjob("well-formed"), namespace=namespace)
+    stored = control_plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/well-formed")
     assert stored is not None and stored["spec"]["backoffLimit"] == 0
     assert stored["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["name"] == "ray-head"
 
@@ -186,47 +152,47 @@ def test_kuberay_schema_accepts_a_well_formed_rayjob_and_rejects_one_without_a_h
                                      input=json.dumps(rayjob("no-template", with_template=False)))
     assert rejected.returncode != 0
     assert "spec.rayClusterSpec.headGroupSpec.template: Required value" in rejected.stderr
-    assert get(control_plane, f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/no-template") is None
+    assert control_plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/no-template") is None
 
 
 def test_deleting_a_trainingrun_garbage_collects_the_rayjob_it_owns(
         control_plane: controlplane.ControlPlane, namespace: str) -> None:
-    apply(control_plane, trainingrun("owner"), namespace=namespace)
-    owner = get(control_plane, run_path(namespace, "owner"))
+    control_plane.apply(trainingrun("owner"), namespace=namespace)
+    owner = control_plane.get(run_path(namespace, "owner"))
     assert owner is not None
     owned = rayjob("owner-a1")
     owned["metadata"]["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun",
                                              "name": "owner", "uid": owner["metadata"]["uid"], "controller": True,
                                              "blockOwnerDeletion": True}]
-    apply(control_plane, owned, rayjob("bystander"), namespace=namespace)
+    control_plane.apply(owned, rayjob("bystander"), namespace=namespace)
     rayjobs = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
-    assert get(control_plane, f"{rayjobs}/owner-a1") is not None
+    assert control_plane.get(f"{rayjobs}/owner-a1") is not None
 
     control_plane.kubectl("delete", "trun", "owner", "-n", namespace, "--wait=true")
-    wait_until(lambda: get(control_plane, f"{rayjobs}/owner-a1") is None, timeout=60,
-               what="the garbage collector to delete the owned RayJob")
-    assert get(control_plane, f"{rayjobs}/bystander") is not None  # no owner, so not collected
+    waiting.wait(lambda: control_plane.get(f"{rayjobs}/owner-a1") is None, timeout=60,
+                 what="the garbage collector to delete the owned RayJob")
+    assert control_plane.get(f"{rayjobs}/bystander") is not None  # no owner, so not collected
 
 
 def test_a_pod_scheduled_onto_a_kwok_node_runs_and_an_eviction_removes_it(
         control_plane: controlplane.ControlPlane, namespace: str) -> None:
     core = client.CoreV1Api(control_plane.api_client())
-    apply(control_plane, pod("evictee", nodeSelector={"type": "kwok"}), namespace=namespace)
+    control_plane.apply(pod("evictee", nodeSelector={"type": "kwok"}), namespace=namespace)
 
     def running() -> dict[str, Any] | None:
-        found = get(control_plane, f"/api/v1/namespaces/{namespace}/pods/evictee")
+        found = control_plane.get(f"/api/v1/namespaces/{namespace}/pods/evictee")
         return found if found and found["status"].get("phase") == "Running" else None
 
-    scheduled = wait_until(running, timeout=60, what="pod evictee Running")
+    scheduled = waiting.wait(running, timeout=60, what="pod evictee Running")
     assert scheduled is not None
     assert scheduled["spec"]["nodeName"] in control_plane.node_names  # placed by kube-scheduler
-    assert (condition(scheduled, "Ready") or {}).get("status") == "True"
+    assert (controlplane.condition(scheduled, "Ready") or {}).get("status") == "True"
 
     _, status, _ = core.create_namespaced_pod_eviction_with_http_info(
         "evictee", namespace, client.V1Eviction(metadata=client.V1ObjectMeta(name="evictee", namespace=namespace)))
     assert status == 201
-    wait_until(lambda: get(control_plane, f"/api/v1/namespaces/{namespace}/pods/evictee") is None, timeout=60,
-               what="the evicted pod to be gone")
+    waiting.wait(lambda: control_plane.get(f"/api/v1/namespaces/{namespace}/pods/evictee") is None, timeout=60,
+                 what="the evicted pod to be gone")
 
 
 def test_a_node_that_stops_heartbeating_turns_unknown_and_its_pods_not_ready(
@@ -236,41 +202,41 @@ def test_a_node_that_stops_heartbeating_turns_unknown_and_its_pods_not_ready(
     (with a NodeNotReady event) and leaves their phase Running: what the operator sees on a real node loss
     before the taint evicts the pods. (Patching the node's Ready condition to False while its kwok runs does
     not do this: kwok sets it back to True, and the controller only marks pods on a Ready -> not-Ready edge.)"""
-    node = f"doomed-{uuid.uuid4().hex[:6]}"
-    taint = {"key": "trainingrun.dev/testbed", "value": node, "effect": "NoSchedule"}
-    control_plane.create_fake_node(node, taints=[taint], annotations={controlplane.KWOK_ANNOTATION: node})
-    kubelet = control_plane.start_kwok(manage_single_node=node, name=f"kwok-{node}")
-    try:
-        control_plane.wait_nodes_ready([node])
-        apply(control_plane, pod("on-doomed-node", nodeSelector={"kubernetes.io/hostname": node},
-                                 tolerations=[{**taint, "operator": "Equal"}]), namespace=namespace)
-        pod_path = f"/api/v1/namespaces/{namespace}/pods/on-doomed-node"
-        wait_until(lambda: (condition(get(control_plane, pod_path), "Ready") or {}).get("status") == "True",
-                   timeout=60, what="the pod Running and Ready on the doomed node")
+    with control_plane.lone_node() as node:
+        try:
+            _the_node_dies(control_plane, namespace, node)
+        finally:
+            control_plane.kubectl("delete", "pod", "on-doomed-node", "-n", namespace, "--force", "--grace-period=0",
+                                  "--ignore-not-found", check=False)
 
-        kubelet.stop()
-        def node_ready_unknown() -> dict[str, Any] | None:
-            ready = condition(get(control_plane, f"/api/v1/nodes/{node}"), "Ready")
-            return ready if ready and ready["status"] == "Unknown" else None
 
-        node_ready = wait_until(node_ready_unknown, timeout=90, what="the node's Ready condition to turn Unknown")
-        assert node_ready is not None and node_ready["reason"] == "NodeStatusUnknown"
-        wait_until(lambda: (condition(get(control_plane, pod_path), "Ready") or {}).get("status") == "False",
-                   timeout=30, what="the pod's Ready condition to turn False")
-        events = f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3Don-doomed-node"
-        wait_until(lambda: any(e.get("reason") == "NodeNotReady" for e in (get(control_plane, events) or {})["items"]),
-                   timeout=30, what="a NodeNotReady event on the pod")
-        stored = get(control_plane, pod_path)
-        assert stored is not None and stored["status"]["phase"] == "Running"  # nobody reports it dead yet
+def _the_node_dies(control_plane: controlplane.ControlPlane, namespace: str, node: controlplane.LoneNode) -> None:
+    control_plane.apply(pod("on-doomed-node", **node.pod_fields()), namespace=namespace)
+    pod_path = f"/api/v1/namespaces/{namespace}/pods/on-doomed-node"
 
-        def tainted_unreachable() -> bool:
-            taints = (get(control_plane, f"/api/v1/nodes/{node}") or {}).get("spec", {}).get("taints") or []
-            return any(t["key"] == "node.kubernetes.io/unreachable" and t["effect"] == "NoExecute" for t in taints)
+    def pod_ready() -> str:
+        return str((controlplane.condition(control_plane.get(pod_path), "Ready") or {}).get("status"))
 
-        # The controller's rate-limited tainting pass may run a moment after it marked the pods.
-        wait_until(tainted_unreachable, timeout=30, what="the NoExecute unreachable taint on the node")
-    finally:
-        kubelet.stop()
-        control_plane.kubectl("delete", "pod", "on-doomed-node", "-n", namespace, "--force", "--grace-period=0",
-                              "--ignore-not-found", check=False)
-        control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
+    waiting.wait(lambda: pod_ready() == "True", timeout=60, what="the pod Running and Ready on the doomed node")
+
+    node.kubelet.stop()
+
+    def node_ready_unknown() -> dict[str, Any] | None:
+        ready = controlplane.condition(control_plane.get(f"/api/v1/nodes/{node.name}"), "Ready")
+        return ready if ready and ready["status"] == "Unknown" else None
+
+    node_ready = waiting.wait(node_ready_unknown, timeout=90, what="the node's Ready condition to turn Unknown")
+    assert node_ready["reason"] == "NodeStatusUnknown"
+    waiting.wait(lambda: pod_ready() == "False", timeout=30, what="the pod's Ready condition to turn False")
+    events = f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3Don-doomed-node"
+    waiting.wait(lambda: any(e.get("reason") == "NodeNotReady" for e in (control_plane.get(events) or {})["items"]),
+                 timeout=30, what="a NodeNotReady event on the pod")
+    stored = control_plane.get(pod_path)
+    assert stored is not None and stored["status"]["phase"] == "Running"  # nobody reports it dead yet
+
+    def tainted_unreachable() -> bool:
+        taints = (control_plane.get(f"/api/v1/nodes/{node.name}") or {}).get("spec", {}).get("taints") or []
+        return any(t["key"] == "node.kubernetes.io/unreachable" and t["effect"] == "NoExecute" for t in taints)
+
+    # The controller's rate-limited tainting pass may run a moment after it marked the pods.
+    waiting.wait(tainted_unreachable, timeout=30, what="the NoExecute unreachable taint on the node")

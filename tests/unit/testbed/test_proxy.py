@@ -1,5 +1,5 @@
-"""The test bed's loopback forward proxy: routing by host name, errors that say what is missing, bounds, and a
-clean stop. Real sockets and a real HTTP server; no cluster.
+"""The test bed's loopback forward proxy (hack/testbed/proxy.py): routing by host name, errors that say what is
+missing, bounds, and a clean stop. Real sockets and a real HTTP server on loopback; no Ray, no cluster (a unit test).
 """
 
 from __future__ import annotations
@@ -8,22 +8,18 @@ import http.client
 import http.server
 import json
 import socket
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed"))
-
-import proxy  # noqa: E402
-
-pytestmark = pytest.mark.integration
+import controlplane
+import proxy
+from support import waiting
 
 HEAD_SVC = "tiny-a1-raycluster-abcde-head-svc.t-ns.svc.cluster.local"
 
@@ -159,9 +155,7 @@ def test_a_route_can_move_and_be_removed(fwd: proxy.ForwardProxy) -> None:
 
 
 def test_a_dead_upstream_gets_502_not_a_hang(fwd: proxy.ForwardProxy) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = controlplane.free_port()  # nobody listens there
     fwd.set_route("dead-head-svc.ns.svc.cluster.local:8265", dead_port)
     status, body = via(fwd, "http://dead-head-svc.ns.svc.cluster.local:8265/api/version")
     assert status == 502 and b"dead-head-svc" in body
@@ -190,9 +184,8 @@ def test_connections_beyond_the_bound_get_503_and_slow_heads_time_out(fwd: proxy
     # Four silent clients fill the bound (max_connections=4); the fifth is refused at once.
     silent = [socket.create_connection(("127.0.0.1", fwd.port)) for _ in range(4)]
     try:
-        deadline = time.monotonic() + 5
-        while fwd.stats.active < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        waiting.wait(lambda: fwd.stats.active >= 4, timeout=5, what="the proxy to hold four connections",
+                     interval=0.01)
         assert raw(fwd, b"").startswith(b"HTTP/1.1 503")
         assert fwd.stats.rejected_busy == 1
         # header_timeout=1s: each silent client is answered 400 and its slot freed.
@@ -227,9 +220,7 @@ def test_stop_closes_open_connections_and_the_listener(upstream: int) -> None:
     p.set_route("slow:80", upstream)
     hanging = socket.create_connection(("127.0.0.1", p.port))
     hanging.sendall(b"POST http://slow/ HTTP/1.1\r\nHost: slow\r\nContent-Length: 100\r\n\r\npartial")
-    deadline = time.monotonic() + 5
-    while p.stats.forwarded < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    waiting.wait(lambda: p.stats.forwarded >= 1, timeout=5, what="the partial request forwarded", interval=0.01)
     started = time.monotonic()
     p.stop()
     assert time.monotonic() - started < 3

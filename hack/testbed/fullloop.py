@@ -1,0 +1,183 @@
+"""The full-loop bed: the forward proxy, the pod runner and the real KubeRay operator on a running control plane,
+and a kwok node of their own for the Ray pods. Also the command that starts everything for a person:
+
+    .venv/bin/python hack/testbed/fullloop.py up [--nodes N]
+
+which starts the control plane and this bed, prints the admin kubeconfig, and stops everything on Ctrl-C.
+
+Who uses it: the full-loop fixtures (tests/e2e/conftest.py, `FullLoopBed.running`) and people (`up`).
+
+    ControlPlane (controlplane.py)
+      └── FullLoopBed.start()
+            ├── proxy.ForwardProxy          <svc>.<ns>.svc.cluster.local:<port> -> a head's local port
+            ├── podrunner.PodRunner         plays the kubelet for KubeRay's pods
+            ├── a kwok node "fullloop-…"    with KWOK_POD_STAGES (pods start Running but not Ready); the other
+            │                               schedulable nodes are cordoned while the bed is up
+            └── kuberay.KubeRayOperator     HTTP_PROXY = the proxy
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import controlplane
+import kuberay
+import podrunner
+import proxy
+
+# kwok's default pod stages with one change: a pod turns Running with its IP but NOT Ready; the pod runner reports
+# Ready once Ray answers (as a kubelet does after the readiness probe). With kwok's default (Ready at once), KubeRay
+# sees a ready head before Ray listens, calls the dashboard, fails, and backs off exponentially.
+KWOK_POD_STAGES = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-running-not-ready}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.podIP', operator: DoesNotExist}
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {lastTransitionTime: {{ $now | Quote }}, status: "True", type: Initialized}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: Ready, reason: ContainersNotReady}
+      - {lastTransitionTime: {{ $now | Quote }}, status: "False", type: ContainersReady, reason: ContainersNotReady}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting: {reason: ContainerCreating}
+      {{ end }}
+      hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      phase: Running
+      startTime: {{ $now | Quote }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-delete}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+  next:
+    finalizers: {empty: true}
+    delete: true
+"""
+
+
+@dataclass(eq=False)
+class FullLoopBed:
+    """Proxy, pod runner and KubeRay on a running control plane, plus a node of its own for the Ray pods: kwok
+    plays that node with KWOK_POD_STAGES, and the other schedulable nodes are cordoned while the bed is up (so
+    that KubeRay's pods, which we do not build, land there). `stop()` undoes all of it."""
+
+    plane: controlplane.ControlPlane
+    forward_proxy: proxy.ForwardProxy = field(init=False)
+    runner: podrunner.PodRunner = field(init=False)
+    kuberay_operator: kuberay.KubeRayOperator = field(init=False)
+    node: str = field(init=False, default="")
+    kubelet: controlplane.Process | None = field(init=False, default=None)
+    cordoned: list[str] = field(init=False, default_factory=list)
+
+    def start(self) -> FullLoopBed:
+        try:
+            self.forward_proxy = proxy.ForwardProxy().start()
+            self.runner = podrunner.PodRunner.for_plane(self.plane, self.forward_proxy).start()
+            self._start_node()
+            self.kuberay_operator = kuberay.KubeRayOperator(self.plane, self.forward_proxy).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_node(self) -> None:
+        """The Ray pods' node, played by a kwok of its own with KWOK_POD_STAGES; then every other schedulable
+        node cordoned."""
+        self.node = f"fullloop-{uuid.uuid4().hex[:6]}"
+        stages = self.runner.workdir / "kwok-stages.yaml"
+        stages.write_text(KWOK_POD_STAGES)
+        self.plane.create_fake_node(self.node, annotations={controlplane.KWOK_ANNOTATION: self.node})
+        self.kubelet = self.plane.start_kwok(annotation=self.node, name=f"kwok-{self.node}", config=stages)
+        self.plane.wait_nodes_ready([self.node])
+        status, nodes = self.plane.request("GET", "/api/v1/nodes")
+        for other in nodes["items"] if status == 200 else []:
+            name = other["metadata"]["name"]
+            if name != self.node and not other["spec"].get("unschedulable"):
+                self.plane.kubectl("cordon", name)
+                self.cordoned.append(name)
+
+    def stop(self) -> None:
+        for part in ("kuberay_operator", "runner", "kubelet", "forward_proxy"):
+            thing = getattr(self, part, None)
+            if thing is not None:
+                thing.stop()
+        for name in self.cordoned:
+            self.plane.kubectl("uncordon", name, check=False)
+        self.cordoned.clear()
+        if self.node:
+            self.plane.kubectl("delete", "node", self.node, "--ignore-not-found", "--wait=false", check=False)
+
+    def describe(self) -> str:
+        """A dump for failing tests: the pod runner's view, the node's kwok log and KubeRay's log."""
+        kubelet = self.kubelet.log_tail(10) if self.kubelet else ""
+        operator = getattr(self, "kuberay_operator", None)
+        runner = getattr(self, "runner", None)
+        return (f"{runner.describe() if runner else ''}\n--- kwok for {self.node}\n{kubelet}"
+                f"\n--- kuberay-operator log (last lines, cut at 300 characters)\n"
+                f"{operator.log_tail() if operator else ''}")
+
+    @staticmethod
+    @contextlib.contextmanager
+    def running(plane: controlplane.ControlPlane) -> Iterator[FullLoopBed]:
+        bed = FullLoopBed(plane)
+        try:
+            yield bed.start()
+        finally:
+            bed.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="control plane + forward proxy + pod runner + KubeRay, until Ctrl-C")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start everything, print the admin kubeconfig, wait for Ctrl-C")
+    up.add_argument("--nodes", type=int, default=1, help="fake kwok nodes besides the Ray pods' own (default 1)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        binaries = controlplane.Binaries.locate()
+    except controlplane.MissingBinaries as err:
+        print(err, file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, controlplane.raise_keyboard_interrupt)
+    with controlplane.ControlPlane(binaries, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
+        print(plane.kubeconfig, flush=True)
+        print(f"# export KUBECONFIG={plane.kubeconfig}; proxy {bed.forward_proxy.url}; pods in {bed.runner.workdir}",
+              file=sys.stderr, flush=True)
+        try:
+            while bed.kuberay_operator.process is not None and bed.kuberay_operator.process.alive():
+                time.sleep(1)
+            print(f"kuberay-operator exited:\n{bed.kuberay_operator.log_tail()}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
