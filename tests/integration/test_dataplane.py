@@ -30,7 +30,7 @@ from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, Restor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-UNITS = 1  # one storage unit keeps each TransferQueue start cheap; test_checkpoint.py restores across two
+UNITS = 1  # one storage unit keeps each TransferQueue start cheap; test_checkpointer.py restores across two
 
 
 class Planes:

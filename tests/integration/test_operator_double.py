@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import kubernetes.client
 import pytest
+
+from support import waiting
 import yaml
 
 from trainingrun_operator import apiclient, cli
@@ -36,15 +38,8 @@ T = TypeVar("T")
 
 
 def eventually(probe: Callable[[], T | None], timeout: float = 45.0, what: str = "condition") -> T:
-    """Poll until `probe` returns something truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
+    """`waiting.wait` with this file's defaults (a double's reactions take well under a second)."""
+    return waiting.wait(probe, timeout=timeout, what=what, interval=0.1)
 
 
 def args_of(job: dict[str, Any]) -> dict[str, str]:

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypedDict
 
 from trainingrun_runtime.storage import files
@@ -209,6 +209,7 @@ class ProgressReports:
     reaches the status at most one period (plus one report) late. `checkpoint()` waits for the
     report in flight, then sends. `drain()` lets the sender finish what it started. A report
     that raises is logged and dropped (reporters retry on their own); training goes on.
+    `clock` and `sleep` (monotonic seconds, and waiting for some) are injected by tests.
     """
 
     def __init__(
@@ -216,16 +217,26 @@ class ProgressReports:
         reporter: Reporter,
         build: Callable[[], RuntimeStatus],
         period_s: float = PROGRESS_PERIOD_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         if period_s < 0:
             raise ValueError(f"progress period must be >= 0 seconds, got {period_s}")
         self.reporter = reporter
         self.build = build
         self.period_s = period_s
+        self._clock = clock
+        self._sleep = sleep
         self._lock = asyncio.Lock()
         self._last: float | None = None
         self._dirty = False
         self._sender: asyncio.Task[None] | None = None
+
+    @property
+    def sending(self) -> bool:
+        """Whether a report is being built or delivered right now."""
+        return self._lock.locked()
 
     def step_done(self) -> None:
         """A step finished: make sure a progress report with it (or a newer step) follows within the period."""
@@ -246,9 +257,9 @@ class ProgressReports:
 
     async def _send_progress(self) -> None:
         while self._dirty:
-            wait = 0.0 if self._last is None else self._last + self.period_s - time.monotonic()
+            wait = 0.0 if self._last is None else self._last + self.period_s - self._clock()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
                 if not self._dirty:
                     return  # drained meanwhile (or a checkpoint report carried the step)
             await self._send()
@@ -263,7 +274,7 @@ class ProgressReports:
                 log.exception("status report at step %s failed", status.get("step"))
                 return
             finally:
-                self._last = time.monotonic()
+                self._last = self._clock()
 
 
 def build(kind: str, *, root: str, run: str, namespace: str, attempt: int) -> Reporter:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from trainingrun_runtime import errors
 
 ALL = [getattr(errors, name) for name in errors.__all__]

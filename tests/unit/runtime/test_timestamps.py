@@ -3,7 +3,6 @@ from __future__ import annotations
 import datetime
 
 import pytest
-
 from trainingrun_runtime import timestamps
 
 UTC = datetime.timezone.utc

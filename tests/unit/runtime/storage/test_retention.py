@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import MANIFEST
 from trainingrun_runtime.storage.retention import apply_retention
 from trainingrun_runtime.storage.verification import discover
 
 RUN = "demo"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory, on tmpfs (/dev/shm) when available: these tests commit many small bundles."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="trainingrun-retention-", dir="/dev/shm"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        yield tmp_path
 
 
 def save(root: Path, step: int) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, ValidationError
-
 from trainingrun_runtime import config
 
 

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from trainingrun_runtime.grpo import objective
 
 

@@ -11,10 +11,9 @@ import sys
 from typing import Any
 
 import pytest
-
 from trainingrun_runtime import digest
-from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
 from trainingrun_runtime.dataplane.replay_index import ReplayIndex
+from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
 
 
 def make_index(groups: int = 3, *, capacity: int = 8) -> ReplayIndex:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from support import launcher
+from support import launcher, waiting
 from trainingrun_runtime.storage import fence, layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -32,10 +32,11 @@ def steps_on_disk(run_dir: Path) -> set[int]:
 
 
 def wait_for_step(proc: launcher.DriverProcess, run_dir: Path, step: int, timeout: float = 400) -> None:
-    deadline = time.monotonic() + timeout
-    while step not in steps_on_disk(run_dir):
-        assert proc.proc.poll() is None and time.monotonic() < deadline, proc.output()[-3000:]
-        time.sleep(0.2)
+    def saved() -> bool:
+        assert proc.proc.poll() is None, proc.output()[-3000:]
+        return step in steps_on_disk(run_dir)
+
+    waiting.wait(saved, timeout=timeout, what=f"step_{step} on disk", diagnostics=lambda: proc.output()[-3000:])
 
 
 def test_a_driver_stops_writing_once_a_newer_attempt_claims_the_run_directory(tmp_path: Path) -> None:
@@ -79,8 +80,9 @@ def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops
     proc = launcher.start(run="pinned", attempt=1, root=tmp_path, config=config, run_uid="uid-1")
     try:
         wait_for_step(proc, run_dir, 10)
-        time.sleep(1)  # step 10's retention
-        kept = steps_on_disk(run_dir)
+        # Step 10's retention ran once steps 4 to 8 are gone (keepLast 1); what it kept is the point.
+        kept = waiting.wait(lambda: on_disk if not (on_disk := steps_on_disk(run_dir)) & {4, 6, 8} else None, timeout=60,
+                            what="retention after step 10", diagnostics=lambda: str(sorted(steps_on_disk(run_dir))))
         assert 2 in kept, kept  # the pinned step survives keepLast 1
         assert 4 not in kept and 6 not in kept, kept  # the others go as usual
         status["attempt"]["end"] = "t2"  # the operator ends attempt 1 (say, its pod is being evicted)

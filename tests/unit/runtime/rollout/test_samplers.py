@@ -1,62 +1,12 @@
-"""The prompt loader, the per-sample ledger and both samplers, including a simulated crash and restore."""
+"""The samplers, and the loader, ledger and sampler together across simulated crashes and restores."""
 
 from __future__ import annotations
 
 import copy
-import json
 import random
 
 import pytest
-
-from trainingrun_runtime.errors import LedgerError
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-
-
-def test_the_loader_serves_each_dataset_index_once_per_epoch_in_a_seeded_order() -> None:
-    loader = prompt_loader.PromptLoader(dataset_size=10, seed=3)
-    first = [loader.next() for _ in range(20)]
-    assert [p.uid for p in first] == list(range(20))
-    assert sorted(p.index for p in first[:10]) == list(range(10))
-    assert [p.index for p in first[:10]] != [p.index for p in first[10:]]
-    assert [p.index for p in first] == [prompt_loader.PromptLoader(10, 3).index_of(u) for u in range(20)]
-
-
-def test_a_restored_loader_continues_where_the_saved_one_was() -> None:
-    loader = prompt_loader.PromptLoader(10, 3)
-    for _ in range(7):
-        loader.next()
-    state = loader.state_dict()
-    rest = [loader.next() for _ in range(5)]
-    restored = prompt_loader.PromptLoader(10, 3)
-    restored.load_state_dict(json.loads(json.dumps(state)))
-    assert [restored.next() for _ in range(5)] == rest
-    with pytest.raises(ValueError, match="dataset_size"):
-        prompt_loader.PromptLoader(11, 3).load_state_dict(state)
-
-
-def test_the_ledger_refuses_to_train_a_prompt_twice() -> None:
-    book = ledger.Ledger()
-    book.left_loader(0, 5)
-    book.dispatched(0)
-    book.committed(0, version=0)
-    book.consumed([0], step=0)
-    assert book.get(0).state is ledger.State.CONSUMED and book.get(0).step == 0
-    with pytest.raises(LedgerError, match="consumed"):
-        book.consumed([0], step=1)
-    with pytest.raises(LedgerError, match="twice"):
-        book.left_loader(0, 5)
-
-
-def test_restoring_the_ledger_queues_in_flight_prompts_for_redispatch() -> None:
-    book = ledger.Ledger()
-    for uid in range(3):
-        book.left_loader(uid, uid)
-        book.dispatched(uid)
-    book.committed(1, version=0)
-    restored = ledger.Ledger()
-    assert restored.load_state_dict(json.loads(json.dumps(book.state_dict()))) == [0, 2]
-    assert restored.queued() == [0, 2]
-    assert restored.in_state(ledger.State.COMMITTED) == [1]
 
 
 def test_the_in_order_sampler_takes_exactly_the_steps_uids_at_its_version() -> None:
@@ -192,3 +142,4 @@ def test_crashes_between_any_two_turns_lose_no_committed_group_and_train_no_prom
         assert trained == _Sim(make()).run(random.Random(seed + 100), steps=12)
     else:
         assert len(trained) == 36
+

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from support import launcher
+from support import launcher, waiting
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -33,9 +33,8 @@ def test_an_attempt_killed_between_checkpoints_has_reported_the_step_it_reached(
     try:
         proc.wait_for_marker("trained", 7, timeout=500)
         path = tmp_path / "progress" / "attempts" / "1" / "runtime.json"
-        deadline = time.monotonic() + 30
-        while (status := json.loads(path.read_text()))["step"] < 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        status = waiting.wait(lambda: st if (st := json.loads(path.read_text()))["step"] >= 6 else None, timeout=30,
+                              what="status.runtime at step 6", diagnostics=path.read_text)
     finally:
         proc.kill()
     assert status["attempt"] == 1 and status["finished"] is False

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-
+from support.loop import settle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.errors import DataPlaneError, PreflightError
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows
+from trainingrun_runtime.errors import DataPlaneError, PreflightError
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -97,7 +97,7 @@ async def test_a_cancelled_commit_waits_for_the_put_then_removes_its_rows() -> N
     task = asyncio.create_task(buffer.commit("g0", {"reward": [1.0, 0.0]}))
     await asyncio.to_thread(store.put_started.wait, 5)
     task.cancel()
-    await asyncio.sleep(0.05)
+    await settle()  # the cancellation has had its turns
     assert not task.done()  # still inside its mutation window: the put cannot be stopped
     assert barrier.stats.active_mutations == 1
     store.gate.set()
@@ -115,7 +115,7 @@ async def test_a_checkpoint_window_holds_commits_back_until_it_closes() -> None:
     seen: list[str] = []
     async with barrier.checkpoint():
         commit = asyncio.create_task(buffer.commit("g0", {"reward": [1.0, 0.0]}))
-        await asyncio.sleep(0.05)
+        await settle()  # the commit has had its turns: it waits at the barrier
         seen.append(f"inside: {sorted(store.rows)}")
         state = buffer.metadata_state_dict()
     await commit

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from trainingrun_runtime.storage import fence
 from trainingrun_runtime.errors import Superseded, TrainingRunError
+from trainingrun_runtime.storage import fence
 
 
 def test_the_first_claim_creates_the_directory_and_names_the_owner(tmp_path: Path) -> None:

@@ -1,55 +1,16 @@
-"""The storage-unit snapshot format (column_file): round trip, digest from memory, refusals. No Ray."""
+"""The storage-unit snapshot format (column_file): round trip, refusals, restored rows made on first read. No Ray."""
 
 from __future__ import annotations
 
-import os
 import hashlib
 import pickle
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-
+from support.unit_rows import assert_same_rows, put_rows, unit_state
 from trainingrun_runtime.dataplane import column_file
 from trainingrun_runtime.errors import CheckpointCorrupt
-
-
-def put_rows(n: int, width: int, dtype: torch.dtype, first: int) -> dict[int, torch.Tensor]:
-    """Rows as TransferQueue's SimpleStorage keeps them: views into one put buffer."""
-    buffer = torch.arange(n * width).to(dtype).reshape(n, width)
-    return dict(zip(range(first, first + n), buffer.unbind(0), strict=True))
-
-
-def unit_state() -> column_file.UnitState:
-    tokens = {**put_rows(4, 16, torch.int64, 0), **put_rows(3, 16, torch.int64, 10)}  # two puts
-    return column_file.UnitState(
-        storage_unit_id="TQ_STORAGE_UNIT_test",
-        storage_unit_size=None,
-        field_data={
-            "tokens": tokens,
-            "reward": {gi: torch.tensor(float(gi)) for gi in tokens},  # 0-dim rows
-            "response": {gi: torch.arange(gi % 3 + 1, dtype=torch.int16) for gi in tokens},  # jagged
-            "mixed": {0: torch.ones(3, dtype=torch.uint8), 1: torch.ones(2, dtype=torch.float64)},  # alignment
-            "text": {gi: f"row {gi}" for gi in tokens},  # not tensors: pickled
-            "strided": {0: torch.arange(12).reshape(3, 4).t()},  # non-contiguous
-            "empty": {},
-        },
-        active_keys=set(tokens),
-    )
-
-
-def assert_same_rows(a: dict[str, dict[int, Any]], b: dict[str, dict[int, Any]]) -> None:
-    assert a.keys() - {"empty"} == b.keys() - {"empty"}
-    for name, rows in a.items():
-        got = b.get(name, {})
-        assert list(rows) == list(got), name
-        for gi, value in rows.items():
-            if isinstance(value, torch.Tensor):
-                assert got[gi].dtype == value.dtype and got[gi].shape == value.shape, (name, gi)
-                assert torch.equal(got[gi], value), (name, gi)
-            else:
-                assert got[gi] == value, (name, gi)
 
 
 def test_rows_round_trip_with_their_dtypes_shapes_and_indexes(tmp_path: Path) -> None:
@@ -134,71 +95,6 @@ def test_a_unit_with_no_rows_round_trips(tmp_path: Path) -> None:
     assert (loaded.field_data, loaded.active_keys) == ({}, set())
 
 
-def big_state(rows: int = 1200) -> column_file.UnitState:
-    """About 9.4 MiB over three staging buffers, ending in a tail that is not a multiple of 4096 bytes."""
-    tokens = put_rows(rows, 1024, torch.int64, 0)
-    reward = {gi: torch.tensor(float(gi)) for gi in tokens}
-    return column_file.UnitState("u", None, {"tokens": tokens, "reward": reward}, set(tokens))
-
-
-@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
-def test_a_file_of_several_staging_buffers_round_trips_with_the_sha256_of_its_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
-) -> None:
-    if not direct:
-        monkeypatch.delattr(os, "O_DIRECT", raising=False)  # as on a platform without it
-    state = big_state()
-    written = column_file.write(tmp_path / "su", state).result()
-    raw = (tmp_path / "su").read_bytes()
-    assert len(raw) == written.size and written.size % 4096 != 0
-    assert written.sha256 == hashlib.sha256(raw).hexdigest()
-    assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
-
-
-def test_a_filesystem_that_refuses_o_direct_gets_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every local filesystem here accepts O_DIRECT (tmpfs too, since Linux 6.6): `os.open` stands in for one that
-    refuses it, as older tmpfs and some network filesystems do, with EINVAL."""
-    import errno
-
-    real_open = os.open
-
-    def refusing(path: str, flags: int, *args: int) -> int:
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", refusing)
-    state = big_state(300)
-    written = column_file.write(tmp_path / "su", state).result()
-    assert written.sha256 == hashlib.sha256((tmp_path / "su").read_bytes()).hexdigest()
-    assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
-
-
-def test_the_file_never_grows_past_its_final_size_while_it_is_written(tmp_path: Path) -> None:
-    pending = column_file.write(tmp_path / "su", big_state())
-    sizes = set()
-    while pending._thread.is_alive():  # the snapshot lists the size as soon as write() returns
-        sizes.add((tmp_path / "su").stat().st_size)
-    written = pending.result()
-    assert sizes <= {written.size} and (tmp_path / "su").stat().st_size == written.size
-
-
-def test_a_failed_write_is_raised_by_result_and_frees_the_staging_buffers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A full disk cannot be made here: `os.pwrite` is replaced by one that fails as a full disk does."""
-    import errno
-
-    def full(fd: int, data: object, offset: int) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "pwrite", full)
-    with pytest.raises(OSError, match="No space left"):
-        column_file.write(tmp_path / "su", big_state()).result(timeout=30)
-    monkeypatch.undo()
-    assert column_file.write(tmp_path / "again", big_state()).result(timeout=30).size > 0
-
-
 def test_a_restored_field_makes_a_rows_view_only_when_the_row_is_read(tmp_path: Path) -> None:
     column_file.write(tmp_path / "su", unit_state()).result()
     tokens = column_file.read(tmp_path / "su").field_data["tokens"]
@@ -258,3 +154,4 @@ def test_a_header_listing_a_row_twice_is_refused_naming_the_file_and_the_field(t
     path.write_bytes(raw.replace(listed, listed.replace(b"10,11", b"11,11")))  # same length, same layout
     with pytest.raises(CheckpointCorrupt, match=rf"{path}: field 'tokens' lists a row twice"):
         column_file.read(path)
+

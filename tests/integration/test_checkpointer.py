@@ -139,7 +139,7 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def run_child(entry: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    code = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; import test_checkpoint as t; t.{entry}(*sys.argv[1:])"
+    code = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; import test_checkpointer as t; t.{entry}(*sys.argv[1:])"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env)
@@ -366,7 +366,7 @@ def test_sigkill_between_any_two_save_steps_leaves_the_new_checkpoint_or_the_pre
     # Savers fork from one server that imported torch, Ray and TransferQueue once (before any thread or
     # Ray connection exists); each then attaches to this module's Ray and TransferQueue on its own.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ray", "transfer_queue", "trainingrun_runtime.dataplane.checkpointer", "test_checkpoint"])
+    ctx.set_forkserver_preload(["torch", "ray", "transfer_queue", "trainingrun_runtime.dataplane.checkpointer", "test_checkpointer"])
     for i, stage in enumerate(SAVE_STAGES):
         root = tmp_path / stage
         partition = f"crash{i}"

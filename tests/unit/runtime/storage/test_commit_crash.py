@@ -10,19 +10,15 @@ fsync reaching the disk, and tmpfs keeps these tests fast.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 import trainingrun_runtime
-from trainingrun_runtime.storage.commit import BundleWriter, COMMIT_STAGES
+from trainingrun_runtime.storage.commit import COMMIT_STAGES, BundleWriter
 from trainingrun_runtime.storage.verification import discover, verify
 
 RUN = "demo"
@@ -52,19 +48,6 @@ SAVER = textwrap.dedent(
 )
 
 KILL_POINTS = ("written", *COMMIT_STAGES)
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Iterator[Path]:
-    """A fresh directory, on tmpfs (/dev/shm) when available."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        path = Path(tempfile.mkdtemp(prefix="trainingrun-crash-", dir="/dev/shm"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    else:
-        yield tmp_path
 
 
 def run_saver(root: Path, step: int, attempt: int, kill_at: str) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from trainingrun_runtime import config
 from trainingrun_runtime.grpo import group_sampling, seeding, task, transformer
 

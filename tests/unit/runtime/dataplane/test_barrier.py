@@ -9,16 +9,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
+from support.loop import settle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 
 pytestmark = pytest.mark.timeout(10)
-
-
-async def settle(rounds: int = 10) -> None:
-    """Let every ready task run until it blocks."""
-    for _ in range(rounds):
-        await asyncio.sleep(0)
 
 
 class Mutator:

@@ -1,0 +1,50 @@
+"""Small bundles written through the real commit, for the storage tests: known contents, a fixed clock."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from pathlib import Path
+
+from trainingrun_runtime.digest import sha256_hex
+from trainingrun_runtime.storage.commit import BundleWriter
+from trainingrun_runtime.storage.layout import DATA_PLANE, REPLAY_METADATA
+
+RUN = "demo"
+T0 = datetime.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.timezone.utc)
+
+
+def contents(step: int, tag: str = "") -> dict[str, bytes]:
+    """The files of step `step`: a data plane, an index file, policy weights, a loader place."""
+    return {
+        f"{DATA_PLANE}/storage_0.pkl": f"rows of step {step}{tag}".encode() * 100,
+        f"{DATA_PLANE}/controller.pkl": f"controller {step}{tag}".encode(),
+        REPLAY_METADATA: f"index {step}{tag}".encode(),
+        "policy/weights.pt": bytes(range(256)) * 4,
+        "train_dataloader.pt": b"loader",
+    }
+
+
+def save(
+    root: Path,
+    step: int,
+    files: dict[str, bytes] | None = None,
+    *,
+    on_stage: Callable[[str], None] | None = None,
+    attempt: int = 1,
+) -> Path:
+    """Commit `files` (default: `contents(step)`) as step `step` of run RUN under `root`; returns step_N."""
+    writer = BundleWriter(root, RUN, on_stage=on_stage, now=lambda: T0)
+    pending = writer.begin(step)
+    for rel, data in (files if files is not None else contents(step)).items():
+        p = pending.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return pending.commit(
+        attempt=attempt,
+        config_hash="c" * 64,
+        replay_digest=sha256_hex({"step": step}),
+        replay_mode="authoritative",
+        weights_sha256="w" * 3,
+        extra={"loader": {"epoch": 0, "index": step}},
+    )

@@ -1,0 +1,186 @@
+"""Verification and discovery: only listed, checksummed files are handed out; a corrupt step is refused naming the file and the problem, and discovery falls back to the previous one."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support.bundles import RUN, save
+from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
+from trainingrun_runtime.storage import verification
+from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
+from trainingrun_runtime.storage.verification import discover, open_verified, verify
+
+
+def test_open_for_restore_returns_only_listed_files(tmp_path: Path) -> None:
+    path = save(tmp_path, 3)
+    b = open_verified(path)
+    assert b.manifest.step == 3
+    assert b.replay_metadata == path / REPLAY_METADATA
+    assert b.data_plane == path / DATA_PLANE
+    assert b.file("policy/weights.pt") == path / "policy/weights.pt"
+    with pytest.raises(CheckpointCorrupt, match="not in the manifest"):
+        b.file("policy/other.pt")
+
+
+def test_a_checkpoint_without_data_plane_files_cannot_hand_out_a_data_plane(tmp_path: Path) -> None:
+    path = save(tmp_path, 3, {REPLAY_METADATA: b"i"})
+    with pytest.raises(CheckpointCorrupt, match="data_plane: missing"):
+        _ = open_verified(path).data_plane
+
+
+def test_discovery_of_a_run_without_checkpoints_finds_nothing(tmp_path: Path) -> None:
+    d = discover(tmp_path, RUN)
+    assert d.chosen is None and d.skipped == []
+
+
+def test_discovery_picks_the_newest_valid_step_numerically_and_ignores_other_entries(tmp_path: Path) -> None:
+    for step in (2, 9, 10):
+        save(tmp_path, step)
+    run = tmp_path / RUN
+    (run / "attempts" / "1").mkdir(parents=True)
+    (run / "status.json").write_text("{}")
+    d = discover(tmp_path, RUN)
+    assert d.chosen is not None and d.chosen.manifest.step == 10
+    assert d.chosen.path == run / "step_10"
+    assert d.skipped == []
+
+
+def test_discovery_runs_the_callers_check_on_verified_candidates_and_falls_back_on_its_refusal(
+    tmp_path: Path,
+) -> None:
+    for step in (1, 2, 3):
+        save(tmp_path, step)
+    seen: list[int] = []
+
+    def check(opened: verification.VerifiedBundle) -> str:
+        seen.append(opened.manifest.step)
+        if opened.manifest.step == 3:
+            raise CheckpointCorrupt(f"{opened.path}: refused by the caller")
+        if opened.manifest.step == 2:
+            raise DigestError(f"{opened.path}: digest differs")
+        return f"selected {opened.path.name}"
+
+    d = discover(tmp_path, RUN, check=check, skip_on=(DigestError,))
+    assert seen == [3, 2, 1] and d.checked == "selected step_1" and d.chosen is not None and d.chosen.manifest.step == 1
+    assert [why for _, why in d.skipped] == [f"{tmp_path / RUN / 'step_3'}: refused by the caller",
+                                             f"{tmp_path / RUN / 'step_2'}: digest differs"]  # fmt: skip
+    assert d.candidates == 3
+
+
+def test_a_check_error_that_older_steps_would_share_propagates_from_discovery(tmp_path: Path) -> None:
+    save(tmp_path, 1)
+
+    def check(opened: verification.VerifiedBundle) -> None:
+        raise ValueError("partition differs from the configured one")
+
+    with pytest.raises(ValueError, match="partition differs"):
+        discover(tmp_path, RUN, check=check)
+
+
+def _truncate(step_dir: Path) -> str:
+    p = step_dir / DATA_PLANE / "storage_0.pkl"
+    p.write_bytes(p.read_bytes()[:-7])
+    return f"{p}: truncated"
+
+
+def _flip_byte(step_dir: Path) -> str:
+    p = step_dir / DATA_PLANE / "storage_0.pkl"
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    p.write_bytes(bytes(data))
+    return f"{p}: checksum mismatch"
+
+
+def _remove_data_plane(step_dir: Path) -> str:
+    import shutil
+
+    shutil.rmtree(step_dir / DATA_PLANE)
+    return f"{step_dir / DATA_PLANE}/controller.pkl: missing"
+
+
+def _remove_manifest(step_dir: Path) -> str:
+    (step_dir / MANIFEST).unlink()
+    return f"{step_dir / MANIFEST}: missing"
+
+
+def _manifest_not_json(step_dir: Path) -> str:
+    p = step_dir / MANIFEST
+    p.write_bytes(p.read_bytes()[:40])
+    return f"{p}: not valid JSON"
+
+
+def _manifest_wrong_step(step_dir: Path) -> str:
+    p = step_dir / MANIFEST
+    d = json.loads(p.read_bytes())
+    d["step"] = 1
+    p.write_text(json.dumps(d))
+    return f"{p}: step is 1 but the directory is step_2"
+
+
+def _unlisted_file(step_dir: Path) -> str:
+    p = step_dir / DATA_PLANE / "stray.pkl"
+    p.write_bytes(b"?")
+    return f"{p}: not listed in the manifest"
+
+
+def _sidecar_replaced(step_dir: Path) -> str:
+    p = step_dir / REPLAY_METADATA
+    p.write_bytes(b"index of another run")
+    return f"{p}: size mismatch"
+
+
+CORRUPTIONS = {
+    "truncated storage file": _truncate,
+    "flipped byte": _flip_byte,
+    "missing data_plane": _remove_data_plane,
+    "missing manifest": _remove_manifest,
+    "manifest not JSON": _manifest_not_json,
+    "manifest names another step": _manifest_wrong_step,
+    "unlisted file": _unlisted_file,
+    "replaced sidecar": _sidecar_replaced,
+}
+
+
+@pytest.mark.parametrize("corrupt", list(CORRUPTIONS.values()), ids=list(CORRUPTIONS))
+def test_a_corrupt_checkpoint_is_refused_naming_file_and_problem_and_discovery_falls_back(
+    tmp_path: Path, corrupt: Callable[[Path], str]
+) -> None:
+    save(tmp_path, 1)
+    newest = save(tmp_path, 2)
+    expected = corrupt(newest)
+    with pytest.raises(CheckpointCorrupt) as info:
+        open_verified(newest)
+    assert str(info.value).startswith(expected), str(info.value)
+    d = discover(tmp_path, RUN)
+    assert d.chosen is not None and d.chosen.manifest.step == 1
+    assert d.chosen.path == tmp_path / RUN / "step_1"
+    assert d.skipped == [(newest, str(info.value))]
+
+
+def test_a_leftover_tmp_step_is_never_a_checkpoint_and_discovery_says_why(tmp_path: Path) -> None:
+    save(tmp_path, 1)
+    run = tmp_path / RUN
+    # A complete-looking save that was never renamed: data and manifest, still tmp_.
+    save(tmp_path, 2)
+    os.rename(run / "step_2", run / "tmp_step_2")
+    with pytest.raises(CheckpointCorrupt, match="directory name is not step_N"):
+        verify(run / "tmp_step_2")
+    d = discover(tmp_path, RUN)
+    assert d.chosen is not None and d.chosen.manifest.step == 1
+    assert d.skipped == [(run / "tmp_step_2", "incomplete save (tmp_ directory never renamed)")]
+
+
+def test_a_checkpoint_copied_under_another_run_is_refused(tmp_path: Path) -> None:
+    path = save(tmp_path, 1)
+    other = tmp_path / "other-run"
+    other.mkdir()
+    os.rename(path, other / "step_1")
+    with pytest.raises(CheckpointCorrupt, match="run is 'demo', expected 'other-run'"):
+        verify(other / "step_1")
+    assert verify(other / "step_1", run=RUN).step == 1
+    assert discover(tmp_path, "other-run").chosen is None
+
