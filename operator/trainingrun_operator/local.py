@@ -9,8 +9,8 @@ for the RayJob:
     read DIR/<run>/attempts/<N>/runtime.json  ──► status.runtime   (the driver's file reporter; fenced by attempt)
     observe the attempt's driver process      ──► AttemptObservation(backend="local")
     decision.decide(...)                      ──► write DIR/<run>/status.json (same shape as the CR status)
-    act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` in its own process group
-         DeleteRayJob   -> kill that process group (its local Ray goes with it)
+    act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` (`driver_process`)
+         DeleteRayJob   -> kill every process of that attempt (its local Ray goes with it)
          EnsureIdentity -> nothing (no API server)
          Event          -> the console and DIR/<run>/events.jsonl
     until Succeeded or Failed; then DIR/<run>/reward.png (reward per step, attempts marked).
@@ -32,24 +32,22 @@ import os
 import pathlib
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from trainingrun_operator import decision, errors, model, patching, processes, runfile, validation
+from trainingrun_operator import decision, driver_process, errors, model, patching, runfile, validation
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
 from trainingrun_runtime import timestamps
 
-__all__ = ["Chaos", "DriverProcess", "LocalRun", "read_rewards", "run_file"]
+__all__ = ["Chaos", "LocalRun", "read_rewards", "run_file"]
 
 logger = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
-MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
 KILL_GRACE_SECONDS = 10.0
 _REWARD_LINE = re.compile(r"step (\d+): reward (-?[0-9.]+(?:e-?\d+)?)")
 
@@ -73,60 +71,6 @@ def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def marked_processes(marker: str) -> list[int]:
-    """Pids whose environment has MARKER_ENV=marker: the driver and everything it started, Ray included."""
-    return processes.carrying(MARKER_ENV, marker)
-
-
-@dataclasses.dataclass
-class DriverProcess:
-    """One attempt's driver and every process it started (its process group, and all that carry its marker)."""
-
-    attempt: int
-    popen: subprocess.Popen[bytes]
-    log_path: pathlib.Path
-    marker: str = ""
-    killed_by: str = ""  # set when we killed it: "ChaosKill" or "Stopped"
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def exit_code(self) -> int | None:
-        return self.popen.poll()
-
-    def group_alive(self) -> bool:
-        """Any process of this attempt still exists (the 'pods' of a local attempt)."""
-        self.popen.poll()  # reap the driver itself, so a dead driver is not counted as a zombie
-        if self.marker and marked_processes(self.marker):
-            return True
-        try:
-            os.killpg(self.popen.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def kill(self, why: str) -> None:
-        """SIGKILL every process of the attempt (no grace: a preempted node gives none either)."""
-        self.killed_by = self.killed_by or why
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        for pid in marked_processes(self.marker) if self.marker else []:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-    def stderr_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(0, os.SEEK_END)
-                log.seek(max(0, log.tell() - 8192))
-                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
 @dataclasses.dataclass
 class Chaos:
     """Kills the driver at random, at most `max_kills` times, each only after the attempt saved a checkpoint."""
@@ -139,7 +83,7 @@ class Chaos:
     due: float | None = None
     armed_for: int = 0
 
-    def tick(self, proc: DriverProcess | None, report: Mapping[str, Any] | None, now: float) -> bool:
+    def tick(self, proc: driver_process.DriverProcess | None, report: Mapping[str, Any] | None, now: float) -> bool:
         """True when `proc` should be killed now."""
         if proc is None or self.kills >= self.max_kills or proc.exit_code() is not None:
             return False
@@ -177,7 +121,6 @@ class LocalRun:
         *,
         chaos: Chaos | None = None,
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
-        driver: tuple[str, ...] = (sys.executable, "-m", "trainingrun_runtime"),
         console: TextIO | None = None,
     ) -> None:
         self.run = run
@@ -186,9 +129,8 @@ class LocalRun:
         self.dir = self.root / self.name
         self.chaos = chaos
         self.clock = clock
-        self.driver = driver
         self.console = console or sys.stderr
-        self.procs: dict[int, DriverProcess] = {}
+        self.procs: dict[int, driver_process.DriverProcess] = {}
         self.status: dict[str, Any] = {}
 
     # ---------------------------------------------------------------------------------------- state
@@ -222,14 +164,14 @@ class LocalRun:
     def observe(self) -> AttemptObservation:
         number = self.current_attempt()
         proc = self.procs.get(number)
-        others = sum(1 for n, p in self.procs.items() if n != number and p.group_alive())
+        others = sum(1 for n, p in self.procs.items() if n != number and p.alive())
         if proc is None:
             if number and Phase(self.status.get("phase") or "Pending") in (Phase.STARTING, Phase.RUNNING):
                 gone = PodObservation(name="driver", node_type="head", disruption="SupervisorRestarted")
                 return AttemptObservation(number=number, backend="local", departed=(gone,), other_pods=others)
             return AttemptObservation(number=number, backend="local", other_pods=others)
         code = proc.exit_code()
-        alive = proc.group_alive()
+        alive = proc.alive()
         pod = PodObservation(
             name=f"driver-{proc.pid}", node_type="head",
             phase="Running" if code is None else ("Succeeded" if code == 0 else "Failed"),
@@ -245,35 +187,27 @@ class LocalRun:
             other_pods=others,
             exit_code=code if not proc.killed_by else None,
             progress_step=max((step for step, _ in logged), default=None),  # for stepsLost
-            stderr_tail=proc.stderr_tail() if code not in (None, 0) else "",
+            stderr_tail=proc.log_tail() if code not in (None, 0) else "",
         )
 
     # ------------------------------------------------------------------------------------------ act
 
     def spawn(self, action: decision.CreateAttempt) -> None:
-        config = validation.runtime_config(self.run.spec).model_dump(mode="json", by_alias=True)
-        attempt_dir = self.dir / "attempts" / str(action.number)
-        attempt_dir.mkdir(parents=True, exist_ok=True)
-        log_path = attempt_dir / "driver.log"
-        argv = [
-            *self.driver,
-            "--run", self.name,
-            "--namespace", "local",
-            "--attempt", str(action.number),
-            "--resume", "latest" if action.resume is None else str(action.resume),
-            "--root", str(self.root),
-            "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
-            "--reporter", "file",
+        args = driver_process.DriverArgs(
+            run=self.name,
+            attempt=action.number,
+            root=str(self.root),
+            config=validation.runtime_config(self.run.spec).model_dump(mode="json", by_alias=True),
+            resume="latest" if action.resume is None else str(action.resume),
             # No metadata.uid without an API server: the run's first start time names this run (a fresh
             # status.json is a new run, which takes the directory over from any driver of the old one).
-            "--run-uid", f"local-{self.name}-{self.status.get('startTime')}",
-        ]
+            run_uid=f"local-{self.name}-{self.status.get('startTime')}",
+        )
+        log_path = self.dir / "attempts" / str(action.number) / "driver.log"
         marker = f"{self.dir}#{action.number}#{os.getpid()}"
-        env = {**os.environ, MARKER_ENV: marker}
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        self.procs[action.number] = DriverProcess(action.number, popen, log_path, marker)
-        logger.debug("attempt %d: pid %d: %s", action.number, popen.pid, " ".join(argv[:12]))
+        proc = driver_process.spawn(args, log_path, marker=marker)
+        self.procs[action.number] = proc
+        logger.debug("attempt %d: pid %d", action.number, proc.pid)
 
     def act(self, action: decision.Action) -> None:
         if isinstance(action, decision.CreateAttempt):
@@ -281,7 +215,7 @@ class LocalRun:
                 self.spawn(action)
         elif isinstance(action, decision.DeleteRayJob):
             for proc in self.procs.values():
-                if proc.group_alive():
+                if proc.alive():
                     proc.kill("Stopped")
         elif isinstance(action, decision.Event):
             self.event(action)
@@ -338,7 +272,7 @@ class LocalRun:
 
     def reap(self) -> None:
         for proc in self.procs.values():
-            if proc.group_alive():
+            if proc.alive():
                 proc.kill("Stopped")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(KILL_GRACE_SECONDS)

@@ -31,9 +31,9 @@ def steps_on_disk(run_dir: Path) -> set[int]:
     return {json.loads(p.read_text())["step"] for p in run_dir.glob("step_*/manifest.json")}
 
 
-def wait_for_step(proc: launcher.DriverProcess, run_dir: Path, step: int, timeout: float = 400) -> None:
+def wait_for_step(proc: launcher.Driver, run_dir: Path, step: int, timeout: float = 400) -> None:
     def saved() -> bool:
-        assert proc.proc.poll() is None, proc.output()[-3000:]
+        assert proc.exit_code() is None, proc.output()[-3000:]
         return step in steps_on_disk(run_dir)
 
     waiting.wait(saved, timeout=timeout, what=f"step_{step} on disk", diagnostics=lambda: proc.output()[-3000:])

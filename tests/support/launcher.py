@@ -1,83 +1,49 @@
-"""Start the driver entrypoint as a child process, and kill it the way a pod dies.
+"""Start the driver entrypoint by hand for a test or a benchmark, kill it the way a pod dies, stop it at a crash point.
 
-    start(...) ─► python -m trainingrun_runtime … in a NEW SESSION (its own process group)
-                  └─ the local Ray it starts (GCS, raylet, workers) stays in that group
-    kill() ─► SIGKILL to the whole group: driver, Ray and every actor die at once, no cleanup runs
+    proc = start(run=..., attempt=1, root=..., config={...}, crash_at="data_plane_saved@4")
+    proc.wait_for_marker("data_plane_saved", 4, timeout=300)   # frozen exactly there (`driver.crashpoints`)
+    proc.kill()                                               # SIGKILL to the driver, its Ray and every actor
 
-Used by the crash tests, the benchmark and anything that supervises a local run.
-Waiting for a crash marker (`crashpoints`) lets a caller kill at an exact point.
-Pure standard library (the child imports the heavy modules).
+A thin layer over the local backend's `trainingrun_operator.driver_process` (the same command line, the same
+marker that reaches every process the driver starts); it adds the crash points and a log per attempt. Output
+goes to ROOT/RUN/attempts/N/driver.log.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainingrun_operator import driver_process
 from trainingrun_runtime.driver import crashpoints
 
-__all__ = ["DriverProcess", "start"]
+__all__ = ["Driver", "start"]
 
 
-@dataclasses.dataclass
-class DriverProcess:
-    """A running driver and where its output goes."""
+class Driver(driver_process.DriverProcess):
+    """A driver started by `start`: a local attempt's process, plus its crash-marker directory."""
 
-    proc: subprocess.Popen[bytes]
-    log_path: Path
     marker_dir: Path
-
-    def wait(self, timeout: float) -> int:
-        """Wait for the driver to exit; on timeout kill the group and raise TimeoutError."""
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise TimeoutError(f"driver did not exit within {timeout:g} s; log: {self.log_path}") from None
 
     def wait_for_marker(self, point: str, step: int, timeout: float) -> None:
         """Wait until the driver froze at crash point `point@step`; raise if it exited or took too long."""
         marker = self.marker_dir / f"crashed-at-{point}@{step}"
         deadline = time.monotonic() + timeout
         while not marker.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"driver exited ({self.proc.returncode}) before {point}@{step}; log: {self.log_path}")
+            if self.exit_code() is not None:
+                raise RuntimeError(f"driver exited ({self.exit_code()}) before {point}@{step}; log: {self.log_path}")
             if time.monotonic() > deadline:
-                self.kill()
+                self.kill("Timeout")
                 raise TimeoutError(f"{point}@{step} not reached within {timeout:g} s; log: {self.log_path}")
             time.sleep(0.05)
 
-    def kill(self) -> None:
-        """SIGKILL the driver's whole process group (what a pod kill does) and reap the driver."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        wait_group_gone(self.proc.pid)
-
-    def output(self) -> str:
-        """Everything the driver wrote so far."""
-        return self.log_path.read_text(errors="replace")
-
-
-def wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
-    """Wait until no process of group `pgid` is left (killed children are reaped by init)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
+    def kill(self, why: str = "Killed") -> None:
+        """SIGKILL every process of the attempt and wait until none is left (what a pod kill does)."""
+        super().kill(why)
+        self.wait_gone()
 
 
 def start(
@@ -94,27 +60,17 @@ def start(
     env: Mapping[str, str] | None = None,
     progress_period: float | None = None,
     run_uid: str | None = None,
-) -> DriverProcess:
-    """Launch `python -m trainingrun_runtime` for one attempt; output goes to ROOT/RUN/attempts/N/driver.log."""
+) -> Driver:
+    """Launch `python -m trainingrun_runtime` for one attempt on a local Ray of its own."""
+    args = driver_process.DriverArgs(
+        run=run, attempt=attempt, root=str(root), config=config, resume=resume, reporter=reporter,
+        run_uid=run_uid, event_log=None if event_log is None else str(event_log), progress_period=progress_period,
+        num_cpus=num_cpus,
+    )  # fmt: skip
     run_path = Path(root) / run
-    log_path = run_path / "attempts" / str(attempt) / "driver.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "trainingrun_runtime", "--run", run, "--attempt", str(attempt), "--resume", resume,
-        "--root", str(root), "--config-json", json.dumps(dict(config)), "--reporter", reporter,
-        "--num-cpus", str(num_cpus),
-    ]
-    if event_log is not None:
-        cmd += ["--event-log", str(event_log)]
-    if progress_period is not None:
-        cmd += ["--progress-period", str(progress_period)]
-    if run_uid is not None:
-        cmd += ["--run-uid", run_uid]
-    child_env = {**os.environ, **(env or {})}
-    child_env.pop(crashpoints.ENV, None)
-    child_env.pop("RAY_ADDRESS", None)
-    if crash_at:
-        child_env[crashpoints.ENV] = crash_at
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
-    return DriverProcess(proc=proc, log_path=log_path, marker_dir=run_path / "crash-markers")
+    extra = {**(env or {}), **({crashpoints.ENV: crash_at} if crash_at else {})}
+    proc = driver_process.spawn(args, run_path / "attempts" / str(attempt) / "driver.log", env=extra,
+                                drop_env=(crashpoints.ENV, "RAY_ADDRESS"))  # a local Ray of its own
+    driver = Driver(proc.attempt, proc.popen, proc.log_path, proc.marker)
+    driver.marker_dir = run_path / "crash-markers"
+    return driver
