@@ -23,16 +23,20 @@ demo: install
 testbed:
 	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/testbed/build.sh
 
-# Every test: unit, integration (real Ray, TransferQueue, torch), cluster (real API server) and e2e.
-test: install testbed
+# Lint first (seconds), then every test: unit, integration (real Ray, TransferQueue, torch), cluster (real API
+# server) and e2e.
+test: lint testbed
 	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest
 
 test-unit: install
 	$(PY) -m pytest tests/unit
 
+# mypy --strict on both packages, the import contracts (pyproject.toml), ruff's formatting and its lint rules.
 lint: install
 	$(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 bench: install testbed
 	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) bench/run_all.py

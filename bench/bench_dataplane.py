@@ -65,13 +65,13 @@ from typing import Any
 import ray
 import torch
 
-from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane import checkpointer
-from trainingrun_runtime.storage import commit, layout, manifest, verification
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer
 from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
+from trainingrun_runtime.storage import commit, layout, manifest, verification
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results.json"

@@ -19,6 +19,7 @@ benchmarks' keys) and prints them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -37,8 +38,12 @@ REPO = Path(__file__).resolve().parents[1]
 def config(steps: int, save_period: int) -> dict[str, Any]:
     return {
         "trainer": {
-            "steps": steps, "promptsPerStep": 8, "generationWorkers": 1, "logEvery": 10,
-            "grpo": {"groupSize": 8}, "task": {"datasetSize": 4096},
+            "steps": steps,
+            "promptsPerStep": 8,
+            "generationWorkers": 1,
+            "logEvery": 10,
+            "grpo": {"groupSize": 8},
+            "task": {"datasetSize": 4096},
         },
         "checkpoint": {"savePeriod": save_period, "keepLast": 2},
     }
@@ -62,7 +67,7 @@ def in_run_figures(log: list[dict[str, Any]], period: int) -> dict[str, float]:
     """Step intervals with and without a checkpoint in them, from one run's first attempt."""
     end = next(i for i, e in enumerate(log) if e["event"] == "finished")
     done = [e for e in log[:end] if e["event"] == "step_done"]
-    interval = {b["step"]: b["t"] - a["t"] for a, b in zip(done, done[1:], strict=False)}
+    interval = {b["step"]: b["t"] - a["t"] for a, b in itertools.pairwise(done)}
     # The checkpoint of step s (a multiple of period) runs between step_done(s) and step_done(s + 1).
     with_ckpt = [t for s, t in interval.items() if (s - 1) % period == 0]
     plain = [t for s, t in interval.items() if (s - 1) % period != 0]
@@ -97,8 +102,10 @@ def learning_curve(root: Path, steps: int) -> int:
     for i in range(0, len(done), 10):
         window = done[i : i + 10]
         mean = statistics.mean(e["reward"] for e in window)
-        print(f"steps {window[0]['step']:4d}-{window[-1]['step']:4d}  mean reward {mean:.3f}  "
-              f"t={window[-1]['t'] - start:6.1f}s")
+        print(
+            f"steps {window[0]['step']:4d}-{window[-1]['step']:4d}  mean reward {mean:.3f}  "
+            f"t={window[-1]['t'] - start:6.1f}s"
+        )
     return 0
 
 
@@ -143,7 +150,8 @@ def main() -> int:
         with_ckpt = run(root, "ckpt", config(a.steps, 10))
         exclusive = [e["exclusive_s"] for e in with_ckpt if e["event"] == "checkpoint_committed"]
         results: dict[str, Any] = {
-            **in_run_figures(with_ckpt, 10), "checkpoint_exclusive_s_mean": statistics.mean(exclusive)
+            **in_run_figures(with_ckpt, 10),
+            "checkpoint_exclusive_s_mean": statistics.mean(exclusive),
         }
         resumed = run(root, "ckpt", config(a.steps + 1, 10), attempt=2)
         results.update(startup_split(resumed[len(with_ckpt) :]))

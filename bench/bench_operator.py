@@ -167,13 +167,21 @@ def training_run(name: str) -> dict[str, Any]:
 
 def bare_rayjob(name: str) -> dict[str, Any]:
     return {
-        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name},
         "spec": {
             # InteractiveMode: KubeRay creates the RayCluster and then waits; no job submission to a dashboard
             # that does not exist here, which would slow its single reconcile worker and be unfair to it.
-            "entrypoint": "python -c 'print(1)'", "submissionMode": "InteractiveMode", "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {
-                "containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}}}},
+            "entrypoint": "python -c 'print(1)'",
+            "submissionMode": "InteractiveMode",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}},
+                }
+            },
         },
     }
 
@@ -181,7 +189,7 @@ def bare_rayjob(name: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- the phases
 
 
-BARE_KOPF = textwrap.dedent('''
+BARE_KOPF = textwrap.dedent("""
     import kopf, kubernetes
 
     @kopf.on.startup()
@@ -194,16 +202,24 @@ BARE_KOPF = textwrap.dedent('''
     def create(name, namespace, **_):
         body = {"metadata": {"name": name}, "data": {"k": "v"}}
         kubernetes.client.CoreV1Api().create_namespaced_config_map(namespace, body)
-''')
+""")
 
 BENCH_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "benchobjects.bench.trainingrun.dev"},
     "spec": {
-        "group": "bench.trainingrun.dev", "scope": "Namespaced",
+        "group": "bench.trainingrun.dev",
+        "scope": "Namespaced",
         "names": {"kind": "BenchObject", "plural": "benchobjects", "singular": "benchobject"},
-        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-            "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
     },
 }
 
@@ -253,7 +269,12 @@ def side_by_side(sides: list[Side], runs: int, rate: float) -> dict[str, dict[st
 
 
 def bench_side_by_side(
-    plane: Any, runs: int, rate: float, work: pathlib.Path, peers: contextlib.ExitStack, ours_stack: contextlib.ExitStack
+    plane: Any,
+    runs: int,
+    rate: float,
+    work: pathlib.Path,
+    peers: contextlib.ExitStack,
+    ours_stack: contextlib.ExitStack,
 ) -> tuple[dict[str, Any], int]:
     """KubeRay, the bare kopf floor and our operator, running and fed at the same time. The peers' processes
     go on `peers`, ours on `ours_stack` (it keeps running for the later phases); returns the figures and our pid."""
@@ -263,21 +284,64 @@ def bench_side_by_side(
     plane.kubectl("apply", "-f", "-", input=json.dumps(BENCH_CRD))
     plane.kubectl("wait", "--for=condition=Established", "crd/benchobjects.bench.trainingrun.dev", "--timeout=60s")
 
-    kuberay = peers.enter_context(process(
-        [str(plane.bin_dir / "kuberay-operator"), "--kubeconfig", str(plane.kubeconfig), "--enable-leader-election=false",
-         "--metrics-addr", "0", "--health-probe-bind-address", "0", "--watch-namespace", ns_kuberay],
-        {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}, work / "kuberay.log"))
+    kuberay = peers.enter_context(
+        process(
+            [
+                str(plane.bin_dir / "kuberay-operator"),
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "--enable-leader-election=false",
+                "--metrics-addr",
+                "0",
+                "--health-probe-bind-address",
+                "0",
+                "--watch-namespace",
+                ns_kuberay,
+            ],
+            {**os.environ, "NO_PROXY": "127.0.0.1,localhost"},
+            work / "kuberay.log",
+        )
+    )
     script = work / "bare_kopf.py"
     script.write_text(BARE_KOPF)
     kopf_port, our_port = controlplane.free_port(), controlplane.free_port()
-    bare = peers.enter_context(process(
-        [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns_kopf, "--log-format=plain", "-q",
-         f"--liveness=http://127.0.0.1:{kopf_port}/healthz", str(script)],
-        {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}, work / "bare_kopf.log"))
-    ours = ours_stack.enter_context(process(
-        [str(ROOT / ".venv" / "bin" / "trainingrun"), "--log-level", "WARNING", "operator", "--kubeconfig",
-         str(plane.kubeconfig), "-n", ns_ours, "--liveness", f"http://127.0.0.1:{our_port}/healthz"],
-        dict(os.environ), work / "operator.log"))
+    bare = peers.enter_context(
+        process(
+            [
+                sys.executable,
+                "-m",
+                "kopf",
+                "run",
+                "--standalone",
+                "-n",
+                ns_kopf,
+                "--log-format=plain",
+                "-q",
+                f"--liveness=http://127.0.0.1:{kopf_port}/healthz",
+                str(script),
+            ],
+            {**os.environ, "KUBECONFIG": str(plane.kubeconfig)},
+            work / "bare_kopf.log",
+        )
+    )
+    ours = ours_stack.enter_context(
+        process(
+            [
+                str(ROOT / ".venv" / "bin" / "trainingrun"),
+                "--log-level",
+                "WARNING",
+                "operator",
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "-n",
+                ns_ours,
+                "--liveness",
+                f"http://127.0.0.1:{our_port}/healthz",
+            ],
+            dict(os.environ),
+            work / "operator.log",
+        )
+    )
     wait_healthy(kopf_port, "bare kopf")
     wait_healthy(our_port, "trainingrun operator")
     time.sleep(5)  # KubeRay's caches synced (it has no probe here)
@@ -286,7 +350,9 @@ def bench_side_by_side(
 
     def cluster_of(name: str) -> str:
         while name not in clusters:  # KubeRay names the cluster <rayjob>-<5 random chars>; read it from the RayJob
-            status = custom.get_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", name).get("status") or {}
+            status = (
+                custom.get_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", name).get("status") or {}
+            )
             if status.get("rayClusterName"):
                 clusters[name] = str(status["rayClusterName"])
             else:
@@ -295,12 +361,28 @@ def bench_side_by_side(
 
     kopf_body = lambda n: {"apiVersion": "bench.trainingrun.dev/v1", "kind": "BenchObject", "metadata": {"name": n}}  # noqa: E731
     sides = [
-        Side("kuberay", lambda n: custom.create_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", bare_rayjob(n)),
-             Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_kuberay, "rayclusters"), cluster_of),
-        Side("bare-kopf", lambda n: custom.create_namespaced_custom_object("bench.trainingrun.dev", "v1", ns_kopf, "benchobjects", kopf_body(n)),
-             Seen(core.list_namespaced_config_map, ns_kopf), lambda n: n),
-        Side("ours", lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns_ours, "trainingruns", training_run(n)),
-             Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_ours, "rayjobs"), lambda n: f"{n}-a1"),
+        Side(
+            "kuberay",
+            lambda n: custom.create_namespaced_custom_object("ray.io", "v1", ns_kuberay, "rayjobs", bare_rayjob(n)),
+            Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_kuberay, "rayclusters"),
+            cluster_of,
+        ),
+        Side(
+            "bare-kopf",
+            lambda n: custom.create_namespaced_custom_object(
+                "bench.trainingrun.dev", "v1", ns_kopf, "benchobjects", kopf_body(n)
+            ),
+            Seen(core.list_namespaced_config_map, ns_kopf),
+            lambda n: n,
+        ),
+        Side(
+            "ours",
+            lambda n: custom.create_namespaced_custom_object(
+                "trainingrun.dev", "v1alpha1", ns_ours, "trainingruns", training_run(n)
+            ),
+            Seen(custom.list_namespaced_custom_object, "ray.io", "v1", ns_ours, "rayjobs"),
+            lambda n: f"{n}-a1",
+        ),
     ]
     procs = {"kuberay": kuberay, "bare-kopf": bare, "ours": ours}
     cpu_before = {label: cpu_seconds(proc.pid) for label, proc in procs.items()}
@@ -313,7 +395,11 @@ def bench_side_by_side(
         results = {n: side.result_of(n) for n in names}
         side.seen.wait_for(list(results.values()), timeout=180)
         values = [(side.seen.first[results[n]] - t) * 1000 for n, t in sent[side.label].items()]
-        figures[side.label] = {"p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99)}
+        figures[side.label] = {
+            "p50": percentile(values, 50),
+            "p90": percentile(values, 90),
+            "p99": percentile(values, 99),
+        }
         side.seen.stop()
     # CPU per created object (until all were handled, plus the follow-up work of the next 5 s): unlike the
     # latencies, hardly moved by the machine's load.
@@ -324,7 +410,9 @@ def bench_side_by_side(
     return figures, ours.pid
 
 
-def bench_failures_and_memory(plane: Any, pid: int, runs: int, total: int, failures: int, rate: float) -> dict[str, Any]:
+def bench_failures_and_memory(
+    plane: Any, pid: int, runs: int, total: int, failures: int, rate: float
+) -> dict[str, Any]:
     """Our operator alone (the others stopped): failure -> next RayJob, one at a time; then RSS at `total` runs."""
     ns = "bench-operator"
     custom = kubernetes.client.CustomObjectsApi(plane.api_client())
@@ -333,17 +421,26 @@ def bench_failures_and_memory(plane: Any, pid: int, runs: int, total: int, failu
     beyond = []
     for i in range(failures):
         name = f"o{i:03d}"
-        failed = {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
-                             "message": "Job entrypoint command failed with exit code 1"}}
+        failed = {
+            "status": {
+                "jobDeploymentStatus": "Failed",
+                "jobStatus": "FAILED",
+                "reason": "AppFailed",
+                "message": "Job entrypoint command failed with exit code 1",
+            }
+        }
         t0 = time.perf_counter()
-        custom.patch_namespaced_custom_object_status("ray.io", "v1", ns, "rayjobs", f"{name}-a1", failed,
-                                                     _content_type="application/merge-patch+json")
+        custom.patch_namespaced_custom_object_status(
+            "ray.io", "v1", ns, "rayjobs", f"{name}-a1", failed, _content_type="application/merge-patch+json"
+        )
         jobs.wait_for([f"{name}-a2"], timeout=60)
         beyond.append((jobs.first[f"{name}-a2"] - t0 - BACKOFF_SECONDS) * 1000)
     figures["failure_p50"], figures["failure_p99"] = percentile(beyond, 50), percentile(beyond, 99)
     figures["failure_max"] = max(beyond)
 
-    create = lambda n: custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns, "trainingruns", training_run(n))  # noqa: E731
+    def create(n: str) -> None:
+        custom.create_namespaced_custom_object("trainingrun.dev", "v1alpha1", ns, "trainingruns", training_run(n))
+
     more = [f"o{i:03d}" for i in range(runs, total)]
     paced(more, rate, create)
     jobs.wait_for([f"{n}-a1" for n in more], timeout=300)
@@ -369,8 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--total", type=int, default=500)
-    parser.add_argument("--failures", type=int, default=50, help="failures, one at a time (p99 of 20 would be their maximum)")
-    parser.add_argument("--rate", type=float, default=5.0, help="creations per second, for all three (paced, so that latency and not a backlog is measured)")
+    parser.add_argument(
+        "--failures", type=int, default=50, help="failures, one at a time (p99 of 20 would be their maximum)"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=5.0,
+        help="creations per second, for all three (paced, so that latency and not a backlog is measured)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-op-") as tmp, controlplane.ControlPlane(nodes=1) as plane:
         work = pathlib.Path(tmp)

@@ -43,7 +43,7 @@ def main() -> int:
     figures = {k: v for bench in results.values() if isinstance(bench, dict) for k, v in bench.items()}
     print("\n== bench-results.json")
     for bench, values in results.items():
-        for key, value in (values.items() if isinstance(values, dict) else []):
+        for key, value in values.items() if isinstance(values, dict) else []:
             print(f"{bench:>10}  {key:<48} {value}")
     missing = [k for k in REQUIRED if k not in figures]
     if missing:

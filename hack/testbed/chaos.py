@@ -50,8 +50,9 @@ def head_pod(plane: controlplane.ControlPlane, namespace: str, selector: str = "
     query = ",".join(filter(None, ["ray.io/node-type=head", selector]))
     live = [p for p in pods(plane, namespace, query) if not p["metadata"].get("deletionTimestamp")]
     if len(live) != 1:
-        raise ChaosError(f"expected one live head pod for {query!r} in {namespace}, found "
-                         f"{[p['metadata']['name'] for p in live]}")
+        raise ChaosError(
+            f"expected one live head pod for {query!r} in {namespace}, found {[p['metadata']['name'] for p in live]}"
+        )
     return live[0]
 
 
@@ -59,8 +60,11 @@ def evict(plane: controlplane.ControlPlane, namespace: str, pod: str, grace_seco
     """Evicts `pod` through the Eviction API (policy/v1); raises unless the API server accepted it (201).
     `grace_seconds` overrides the pod's termination grace period (0: the processes get SIGKILL at once, as when
     a spot VM is reclaimed without notice)."""
-    eviction: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
-                                "metadata": {"name": pod, "namespace": namespace}}
+    eviction: dict[str, Any] = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": namespace},
+    }
     if grace_seconds is not None:
         eviction["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
     status, body = plane.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", eviction)
@@ -68,16 +72,33 @@ def evict(plane: controlplane.ControlPlane, namespace: str, pod: str, grace_seco
         raise ChaosError(f"eviction of {namespace}/{pod} returned {status}: {body}")
 
 
-def disrupt_and_delete(plane: controlplane.ControlPlane, namespace: str, pod: str,
-                       reason: str = "PreemptionByScheduler",
-                       message: str = "testbed chaos: preempted to make room for a higher-priority pod") -> None:
+def disrupt_and_delete(
+    plane: controlplane.ControlPlane,
+    namespace: str,
+    pod: str,
+    reason: str = "PreemptionByScheduler",
+    message: str = "testbed chaos: preempted to make room for a higher-priority pod",
+) -> None:
     """Sets the pod's DisruptionTarget condition (as the scheduler does before a preemption), then deletes it."""
     now = timestamps.now(timespec="seconds")
     status, body = plane.request(
-        "PATCH", f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
-        {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": reason,
-                                    "message": message, "lastTransitionTime": now}]}},
-        content_type=podstatus.PATCH_CONTENT_TYPE)
+        "PATCH",
+        f"/api/v1/namespaces/{namespace}/pods/{pod}/status",
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": reason,
+                        "message": message,
+                        "lastTransitionTime": now,
+                    }
+                ]
+            }
+        },
+        content_type=podstatus.PATCH_CONTENT_TYPE,
+    )
     if status != 200:
         raise ChaosError(f"setting DisruptionTarget on {namespace}/{pod} returned {status}: {body}")
     status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}")
@@ -85,8 +106,9 @@ def disrupt_and_delete(plane: controlplane.ControlPlane, namespace: str, pod: st
         raise ChaosError(f"deleting {namespace}/{pod} returned {status}: {body}")
 
 
-def fail_node(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str,
-              kubelet: controlplane.Process) -> list[localpod.LocalPod]:
+def fail_node(
+    plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str, kubelet: controlplane.Process
+) -> list[localpod.LocalPod]:
     """The node dies: its kubelet (a kwok process that manages only this node) stops, every process of its pods
     is SIGKILLed, and its Ready condition turns Unknown at once (the node lifecycle controller would do the same
     after its grace period, and then taints the node and marks its pods not Ready). Returns the pods killed."""
@@ -94,11 +116,24 @@ def fail_node(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, nod
     killed = runner.kill_node(node)
     now = timestamps.now(timespec="seconds")
     status, body = plane.request(
-        "PATCH", f"/api/v1/nodes/{node}/status",
-        {"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
-                                    "message": "testbed chaos: kubelet stopped posting node status",
-                                    "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
-        content_type=podstatus.PATCH_CONTENT_TYPE)
+        "PATCH",
+        f"/api/v1/nodes/{node}/status",
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "Unknown",
+                        "reason": "NodeStatusUnknown",
+                        "message": "testbed chaos: kubelet stopped posting node status",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ]
+            }
+        },
+        content_type=podstatus.PATCH_CONTENT_TYPE,
+    )
     if status != 200:
         raise ChaosError(f"marking node {node} NotReady returned {status}: {body}")
     return killed
@@ -121,8 +156,9 @@ def driver_processes(runner: podrunner.PodRunner, namespace: str, pod: str, patt
     return found
 
 
-def kill_driver(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: str = "trainingrun_runtime",
-                timeout: float = 60.0) -> list[int]:
+def kill_driver(
+    runner: podrunner.PodRunner, namespace: str, pod: str, pattern: str = "trainingrun_runtime", timeout: float = 60.0
+) -> list[int]:
     """SIGKILLs the driver process(es) in `pod` (waiting up to `timeout` for one to exist); Ray and the pod stay."""
     deadline = time.monotonic() + timeout
     while not (pids := driver_processes(runner, namespace, pod, pattern)):
@@ -137,8 +173,9 @@ def kill_driver(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: 
     return pids
 
 
-def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, namespace: str,
-              pod: str, *, freeze: bool = False) -> localpod.LocalPod:
+def partition(
+    plane: controlplane.ControlPlane, runner: podrunner.PodRunner, namespace: str, pod: str, *, freeze: bool = False
+) -> localpod.LocalPod:
     """The pod's node is cut off: the API object is force-deleted (as after a node loss), but its processes keep
     running: a zombie. With `freeze`, they are also stopped (SIGSTOP: a node paused, e.g. a VM live-migrated)
     until `thaw`. Returns the runner's record, whose processes `runner.stop()` (or `end_zombie`) kills."""
@@ -148,8 +185,11 @@ def partition(plane: controlplane.ControlPlane, runner: podrunner.PodRunner, nam
     runner.detach(local.uid)
     if freeze:
         localpod.signal_pod(local.uid, local.process, signal.SIGSTOP)
-    status, body = plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{pod}",
-                                 {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+    status, body = plane.request(
+        "DELETE",
+        f"/api/v1/namespaces/{namespace}/pods/{pod}",
+        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+    )
     if status not in (200, 202, 404):
         raise ChaosError(f"force-deleting {namespace}/{pod} returned {status}: {body}")
     return local

@@ -59,8 +59,14 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 PINS_FILE = HERE / "pins.env"
 BINARY_NAMES = (
-    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok",
-    "kuberay-operator", "helm",
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kuberay-operator",
+    "helm",
 )
 KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -98,8 +104,10 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 def pin_set(pins: dict[str, str]) -> str:
     """The cache directory name for one set of pins; build.sh derives the same name."""
-    return (f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
-            f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}")
+    return (
+        f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
+        f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}"
+    )
 
 
 def default_cache() -> Path:
@@ -126,7 +134,8 @@ class Binaries:
         if missing:
             raise MissingBinaries(
                 f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
-                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores).")
+                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores)."
+            )
         paths = read_env_file(bin_dir / "paths.env")
         kuberay = Path(paths["KUBERAY_MODULE_DIR"])
         if not (kuberay / "config" / "crd" / "bases").is_dir():
@@ -213,18 +222,31 @@ class Process:
                 continue
 
 
-def fake_node(name: str, *, cpu: str = "32", memory: str = "256Gi", pods: str = "110",
-              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-              taints: Sequence[dict[str, str]] = ()) -> dict[str, Any]:
+def fake_node(
+    name: str,
+    *,
+    cpu: str = "32",
+    memory: str = "256Gi",
+    pods: str = "110",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    taints: Sequence[dict[str, str]] = (),
+) -> dict[str, Any]:
     """A Node object for kwok to play, with capacity and allocatable in its status (kept on create)."""
     resources = {"cpu": cpu, "memory": memory, "pods": pods}
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {
             "name": name,
             "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
-            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                       "type": "kwok", **(labels or {})},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **(labels or {}),
+            },
         },
         "spec": {"taints": list(taints)},
         "status": {"capacity": resources, "allocatable": resources},
@@ -245,8 +267,10 @@ class LoneNode:
 
     def pod_fields(self) -> dict[str, Any]:
         """The nodeSelector and tolerations of a pod spec that lands on this node."""
-        return {"nodeSelector": {"kubernetes.io/hostname": self.name},
-                "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}]}
+        return {
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}],
+        }
 
 
 _LIVE: set[ControlPlane] = set()
@@ -329,8 +353,7 @@ class ControlPlane:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - started
-        log.info("control plane up in %.1fs at %s (kubeconfig %s)", self.startup_seconds, self.server,
-                 self.kubeconfig)
+        log.info("control plane up in %.1fs at %s (kubeconfig %s)", self.startup_seconds, self.server, self.kubeconfig)
         return self
 
     def stop(self) -> None:
@@ -346,19 +369,35 @@ class ControlPlane:
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0,
-                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 120.0,
+        kubeconfig: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Runs the pinned kubectl against this cluster (admin by default); raises KubectlError if check."""
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig or self.kubeconfig),
-               "KUBECACHEDIR": str(self.workdir / "kube-cache")}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+            "KUBECACHEDIR": str(self.workdir / "kube-cache"),
+        }
         command = [str(self.binaries.path("kubectl")), *args]
         result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, env=env)
         if check and result.returncode != 0:
             raise KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
         return result
 
-    def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
-                content_type: str = "application/json") -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         """One raw API request (admin token unless `token`); returns (HTTP status, decoded body)."""
         return self.api.request(method, path, body, token=token, content_type=content_type)
 
@@ -377,23 +416,35 @@ class ControlPlane:
         args = ["--server-side", f"--field-manager={field_manager}"] if field_manager else []
         if namespace:
             args += ["-n", namespace]
-        self.kubectl("apply", *args, "-f", "-",
-                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+        self.kubectl(
+            "apply", *args, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
+        )
 
     def create_namespace(self, name: str, *, labels: dict[str, str] | None = None, timeout: float = 30.0) -> None:
         """Creates a namespace and waits for its `default` ServiceAccount (made by the controller manager shortly
         after), without which no pod can be created there."""
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
-        self._wait(f"serviceaccount {name}/default (controller manager)",
-                   lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
-                   timeout, component="kube-controller-manager")
+        self._wait(
+            f"serviceaccount {name}/default (controller manager)",
+            lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default") is not None,
+            timeout,
+            component="kube-controller-manager",
+        )
 
-    def service_account_kubeconfig(self, namespace: str, name: str, *, expiration_seconds: int = 3600,
-                                   audiences: Sequence[str] | None = None) -> Path:
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, *, expiration_seconds: int = 3600, audiences: Sequence[str] | None = None
+    ) -> Path:
         """A kubeconfig whose token was minted for `namespace/name` through the TokenRequest API."""
         out = self.workdir / f"kubeconfig-sa-{namespace}-{name}-{uuid.uuid4().hex[:6]}"
-        return kubeapi.service_account_kubeconfig(self.api, namespace, name, ca_file=self.ca_file, out=out,
-                                                  expiration_seconds=expiration_seconds, audiences=audiences)
+        return kubeapi.service_account_kubeconfig(
+            self.api,
+            namespace,
+            name,
+            ca_file=self.ca_file,
+            out=out,
+            expiration_seconds=expiration_seconds,
+            audiences=audiences,
+        )
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         """A `kubernetes.client.ApiClient` for this cluster (admin unless `kubeconfig`); needs the kubernetes
@@ -436,18 +487,36 @@ class ControlPlane:
 
         self._wait(f"nodes {sorted(pending)} Ready (kwok)", ready, timeout, component="kwok")
 
-    def start_kwok(self, *, manage_single_node: str | None = None, annotation: str = "fake", name: str = "kwok",
-                   config: Path | None = None) -> Process:
+    def start_kwok(
+        self,
+        *,
+        manage_single_node: str | None = None,
+        annotation: str = "fake",
+        name: str = "kwok",
+        config: Path | None = None,
+    ) -> Process:
         """A kwok process: for the fake nodes annotated `KWOK_ANNOTATION: <annotation>`, or for one node (a node
         whose kubelet can die); `config`, a file of kwok Stages that replace its default pod life cycle."""
-        selector = (["--manage-single-node", manage_single_node] if manage_single_node else
-                    ["--manage-all-nodes=false",
-                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={annotation}"])
-        return self.spawn(name, "kwok", [
-            "--kubeconfig", str(self.kubeconfig), *selector, "--node-ip", "127.0.0.1",
-            "--server-address", "127.0.0.1:0", f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
-            *(["--config", str(config)] if config else []),
-        ])
+        selector = (
+            ["--manage-single-node", manage_single_node]
+            if manage_single_node
+            else ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={annotation}"]
+        )
+        return self.spawn(
+            name,
+            "kwok",
+            [
+                "--kubeconfig",
+                str(self.kubeconfig),
+                *selector,
+                "--node-ip",
+                "127.0.0.1",
+                "--server-address",
+                "127.0.0.1:0",
+                f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+                *(["--config", str(config)] if config else []),
+            ],
+        )
 
     # -- start-up ---------------------------------------------------------------------------------------
 
@@ -467,14 +536,29 @@ class ControlPlane:
         """Starts etcd and waits until it is healthy; returns its client URL."""
         etcd_port, etcd_peer = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self.spawn("etcd", "etcd", [
-            "--name", "default", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-cluster", f"default=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync", "--log-level", "warn",
-        ])
+        self.spawn(
+            "etcd",
+            "etcd",
+            [
+                "--name",
+                "default",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
+        )
         self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), 30, component="etcd")
         return etcd_url
 
@@ -489,41 +573,99 @@ class ControlPlane:
         tokens.chmod(0o600)
         api_port = free_port()
         self.server = f"https://127.0.0.1:{api_port}"
-        self.spawn("kube-apiserver", "kube-apiserver", [
-            "--etcd-servers", etcd_url, "--cert-dir", str(certs),
-            "--secure-port", str(api_port), "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-            "--service-cluster-ip-range", "10.0.0.0/24",
-            "--authorization-mode", "RBAC,Node", "--token-auth-file", str(tokens),
-            "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
-            "--service-account-key-file", str(sa_pub), "--service-account-signing-key-file", str(sa_key),
-            "--endpoint-reconciler-type", "none", "--allow-privileged", "--profiling=false",
-        ])
+        self.spawn(
+            "kube-apiserver",
+            "kube-apiserver",
+            [
+                "--etcd-servers",
+                etcd_url,
+                "--cert-dir",
+                str(certs),
+                "--secure-port",
+                str(api_port),
+                "--bind-address",
+                "127.0.0.1",
+                "--advertise-address",
+                "127.0.0.1",
+                "--service-cluster-ip-range",
+                "10.0.0.0/24",
+                "--authorization-mode",
+                "RBAC,Node",
+                "--token-auth-file",
+                str(tokens),
+                "--service-account-issuer",
+                SERVICE_ACCOUNT_ISSUER,
+                "--service-account-key-file",
+                str(sa_pub),
+                "--service-account-signing-key-file",
+                str(sa_key),
+                "--endpoint-reconciler-type",
+                "none",
+                "--allow-privileged",
+                "--profiling=false",
+            ],
+        )
         unverified = kubeapi.KubeApi(self.server, kubeapi.insecure_context(), self.admin_token, timeout=3)
-        self._wait("kube-apiserver /readyz", functools.partial(_https_healthy, unverified, "/readyz"), 60,
-                   component="kube-apiserver")
+        self._wait(
+            "kube-apiserver /readyz",
+            functools.partial(_https_healthy, unverified, "/readyz"),
+            60,
+            component="kube-apiserver",
+        )
         # The apiserver writes its self-signed serving certificate (and the CA that signed it) here.
         self.ca_file = certs / "apiserver.crt"
         self.api = kubeapi.KubeApi(self.server, kubeapi.verified_context(self.ca_file), self.admin_token)
-        self.kubeconfig = kubeapi.write_kubeconfig(self.workdir / "kubeconfig", server=self.server,
-                                                   ca_file=self.ca_file, user="admin", token=self.admin_token)
+        self.kubeconfig = kubeapi.write_kubeconfig(
+            self.workdir / "kubeconfig", server=self.server, ca_file=self.ca_file, user="admin", token=self.admin_token
+        )
 
     def _start_controllers(self, sa_key: Path) -> None:
         """The controller manager, the scheduler, kwok and its fake nodes; waits for both /healthz and for the
         `default` ServiceAccount (the controller manager's first visible work)."""
-        common = ["--kubeconfig", str(self.kubeconfig), "--authentication-kubeconfig", str(self.kubeconfig),
-                  "--authorization-kubeconfig", str(self.kubeconfig), "--leader-elect=false",
-                  "--bind-address", "127.0.0.1"]
+        common = [
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--authentication-kubeconfig",
+            str(self.kubeconfig),
+            "--authorization-kubeconfig",
+            str(self.kubeconfig),
+            "--leader-elect=false",
+            "--bind-address",
+            "127.0.0.1",
+        ]
         kcm_port, sched_port = free_port(), free_port()
-        self.spawn("kube-controller-manager", "kube-controller-manager", [
-            *common, "--secure-port", str(kcm_port), "--cert-dir", str(self.workdir / "kcm-certs"),
-            "--controllers", "*", "--service-account-private-key-file", str(sa_key),
-            "--root-ca-file", str(self.ca_file),
-            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}", "--node-monitor-period=2s",
-            "--kube-api-qps=100", "--kube-api-burst=200",
-        ])
-        self.spawn("kube-scheduler", "kube-scheduler", [
-            *common, "--secure-port", str(sched_port), "--cert-dir", str(self.workdir / "scheduler-certs"),
-        ])
+        self.spawn(
+            "kube-controller-manager",
+            "kube-controller-manager",
+            [
+                *common,
+                "--secure-port",
+                str(kcm_port),
+                "--cert-dir",
+                str(self.workdir / "kcm-certs"),
+                "--controllers",
+                "*",
+                "--service-account-private-key-file",
+                str(sa_key),
+                "--root-ca-file",
+                str(self.ca_file),
+                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                "--node-monitor-period=2s",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+            ],
+        )
+        self.spawn(
+            "kube-scheduler",
+            "kube-scheduler",
+            [
+                *common,
+                "--secure-port",
+                str(sched_port),
+                "--cert-dir",
+                str(self.workdir / "scheduler-certs"),
+            ],
+        )
         self.start_kwok()
         self.node_names = [f"kwok-node-{i}" for i in range(self.nodes)]
         for name in self.node_names:
@@ -531,11 +673,15 @@ class ControlPlane:
         insecure = kubeapi.insecure_context()
         for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
             healthz = kubeapi.KubeApi(f"https://127.0.0.1:{port}", insecure, None, timeout=3)
-            self._wait(f"{component} /healthz", functools.partial(_https_healthy, healthz, "/healthz"), 60,
-                       component=component)
-        self._wait("serviceaccount default/default (controller manager)",
-                   lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
-                   60, component="kube-controller-manager")
+            self._wait(
+                f"{component} /healthz", functools.partial(_https_healthy, healthz, "/healthz"), 60, component=component
+            )
+        self._wait(
+            "serviceaccount default/default (controller manager)",
+            lambda: self.get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
+            60,
+            component="kube-controller-manager",
+        )
 
     def install_crds(self, paths: Sequence[Path], timeout: float = 60.0) -> list[str]:
         """Applies CRD files server-side (large KubeRay schemas exceed the client-side annotation limit) and
@@ -543,8 +689,9 @@ class ControlPlane:
         if not paths:
             return []
         files = [arg for path in paths for arg in ("-f", str(path))]
-        applied = self.kubectl("apply", "--server-side", "--force-conflicts",
-                               "--field-manager=trainingrun-testbed", "-o", "name", *files)
+        applied = self.kubectl(
+            "apply", "--server-side", "--force-conflicts", "--field-manager=trainingrun-testbed", "-o", "name", *files
+        )
         names = [line for line in applied.stdout.split() if line.startswith("customresourcedefinition")]
         # Poll the condition rather than `kubectl wait`: right after the apply a CRD can have no
         # status.conditions yet, and `kubectl wait` then fails at once with an accessor error.
@@ -554,9 +701,14 @@ class ControlPlane:
             got = self.kubectl("get", *waiting, "-o", "json", check=False)
             doc = json.loads(got.stdout) if got.returncode == 0 else {"items": []}
             items = doc.get("items", [doc])  # one name gives the object itself, several give a List
-            established = {item["metadata"]["name"] for item in items
-                           if any(c.get("type") == "Established" and c.get("status") == "True"
-                                  for c in item.get("status", {}).get("conditions") or [])}
+            established = {
+                item["metadata"]["name"]
+                for item in items
+                if any(
+                    c.get("type") == "Established" and c.get("status") == "True"
+                    for c in item.get("status", {}).get("conditions") or []
+                )
+            }
             waiting = [n for n in waiting if n.split("/", 1)[1] not in established]
             if not waiting:
                 break
@@ -570,9 +722,16 @@ class ControlPlane:
         stopped with the control plane (newest first), and its death fails any later readiness wait."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log_file:
-            popen = subprocess.Popen([str(self.binaries.path(binary)), *args], stdin=subprocess.DEVNULL,
-                                     stdout=log_file, stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
-                                     start_new_session=True, preexec_fn=die_with_parent())
+            popen = subprocess.Popen(
+                [str(self.binaries.path(binary)), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
         process = Process(name=name, popen=popen, log_path=log_path)
         self.processes.append(process)
         return process
@@ -584,8 +743,10 @@ class ControlPlane:
             dead = [p for p in self.processes if not p.stopped and not p.alive()]
             if dead:
                 p = dead[0]
-                raise TestbedError(f"{p.name} exited with {p.popen.returncode} while waiting for {what}; "
-                                   f"log {p.log_path}:\n{p.log_tail()}")
+                raise TestbedError(
+                    f"{p.name} exited with {p.popen.returncode} while waiting for {what}; "
+                    f"log {p.log_path}:\n{p.log_tail()}"
+                )
             try:
                 if probe():
                     log.info("%s: ready after %.1fs", what, time.monotonic() - self._started)
@@ -593,8 +754,9 @@ class ControlPlane:
             except (OSError, ValueError, http.client.HTTPException):
                 pass
             if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}"
-                                  for p in self.processes if p.name == component)
+                tails = "\n".join(
+                    f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}" for p in self.processes if p.name == component
+                )
                 raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -643,14 +805,19 @@ def _write_rsa_pair(private: Path, public: Path) -> None:
         from cryptography.hazmat.primitives.asymmetric import rsa
     except ImportError:
         subprocess.run(["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True)
-        subprocess.run(["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)], check=True, capture_output=True
+        )
         return
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
 
 
 def raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
@@ -674,8 +841,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
     with ControlPlane(binaries, nodes=args.nodes, keep_workdir=args.keep) as plane:
         print(plane.kubeconfig, flush=True)
-        print(f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "
-              f"export KUBECONFIG={plane.kubeconfig}  (Ctrl-C stops everything)", file=sys.stderr, flush=True)
+        print(
+            f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "
+            f"export KUBECONFIG={plane.kubeconfig}  (Ctrl-C stops everything)",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             while all(p.alive() or p.stopped for p in plane.processes):
                 time.sleep(1)

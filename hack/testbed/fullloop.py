@@ -64,7 +64,8 @@ spec:
           waiting: {reason: ContainerCreating}
       {{ end }}
       hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
-      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+      podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+        ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
       phase: Running
       startTime: {{ $now | Quote }}
 ---
@@ -139,9 +140,11 @@ class FullLoopBed:
         kubelet = self.kubelet.log_tail(10) if self.kubelet else ""
         operator = getattr(self, "kuberay_operator", None)
         runner = getattr(self, "runner", None)
-        return (f"{runner.describe() if runner else ''}\n--- kwok for {self.node}\n{kubelet}"
-                f"\n--- kuberay-operator log (last lines, cut at 300 characters)\n"
-                f"{operator.log_tail() if operator else ''}")
+        return (
+            f"{runner.describe() if runner else ''}\n--- kwok for {self.node}\n{kubelet}"
+            f"\n--- kuberay-operator log (last lines, cut at 300 characters)\n"
+            f"{operator.log_tail() if operator else ''}"
+        )
 
     @staticmethod
     @contextlib.contextmanager
@@ -168,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, controlplane.raise_keyboard_interrupt)
     with controlplane.ControlPlane(binaries, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
         print(plane.kubeconfig, flush=True)
-        print(f"# export KUBECONFIG={plane.kubeconfig}; proxy {bed.forward_proxy.url}; pods in {bed.runner.workdir}",
-              file=sys.stderr, flush=True)
+        print(
+            f"# export KUBECONFIG={plane.kubeconfig}; proxy {bed.forward_proxy.url}; pods in {bed.runner.workdir}",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             while bed.kuberay_operator.process is not None and bed.kuberay_operator.process.alive():
                 time.sleep(1)

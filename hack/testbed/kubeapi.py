@@ -53,8 +53,15 @@ class KubeApi:
         self._context, self._token, self._timeout = context, token, timeout
         self._local = threading.local()
 
-    def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
-                content_type: str = "application/json") -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
         """One request (this client's token unless `token`). A kept-alive connection that the server closed
         meanwhile is retried once on a new one; a failure on a new connection raises OSError or HTTPException."""
         data = None if body is None else json.dumps(body).encode()
@@ -67,8 +74,7 @@ class KubeApi:
             conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
             reused = conn is not None
             if conn is None:
-                conn = http.client.HTTPSConnection(self._host, self._port, context=self._context,
-                                                   timeout=self._timeout)
+                conn = http.client.HTTPSConnection(self._host, self._port, context=self._context, timeout=self._timeout)
                 self._local.conn = conn
             try:
                 conn.request(method, path, body=data, headers=headers)
@@ -94,8 +100,9 @@ class KubeApi:
         return list(body.get("items") or [])
 
 
-def write_kubeconfig(path: Path, *, server: str, ca_file: Path, user: str, token: str,
-                     namespace: str = "default") -> Path:
+def write_kubeconfig(
+    path: Path, *, server: str, ca_file: Path, user: str, token: str, namespace: str = "default"
+) -> Path:
     """A kubeconfig for one bearer token. JSON strings are valid YAML scalars, so quoting is exact."""
     q = json.dumps
     path.write_text(
@@ -105,14 +112,23 @@ def write_kubeconfig(path: Path, *, server: str, ca_file: Path, user: str, token
         f"users:\n- name: {q(user)}\n  user:\n    token: {q(token)}\n"
         f"contexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {q(user)}\n"
         f"    namespace: {q(namespace)}\n"
-        "current-context: testbed\n")
+        "current-context: testbed\n"
+    )
     path.chmod(0o600)
     return path
 
 
-def service_account_kubeconfig(api: KubeApi, namespace: str, account: str, *, ca_file: Path, out: Path,
-                               expiration_seconds: int = 3600, audiences: Sequence[str] | None = None,
-                               bound_pod: dict[str, Any] | None = None) -> Path:
+def service_account_kubeconfig(
+    api: KubeApi,
+    namespace: str,
+    account: str,
+    *,
+    ca_file: Path,
+    out: Path,
+    expiration_seconds: int = 3600,
+    audiences: Sequence[str] | None = None,
+    bound_pod: dict[str, Any] | None = None,
+) -> Path:
     """Mints a token for ServiceAccount `namespace/account` through the TokenRequest API (with an admin `api`)
     and writes a kubeconfig for it to `out`. `bound_pod` (the pod object) binds the token to that pod, as a
     kubelet's projected token is: it stops working once the pod is gone."""
@@ -123,11 +139,19 @@ def service_account_kubeconfig(api: KubeApi, namespace: str, account: str, *, ca
         meta = bound_pod["metadata"]
         spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
     path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
-    status, body = api.request("POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                              "spec": spec})
+    status, body = api.request(
+        "POST", path, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    )
     if status != 201:
         bound = f" (bound to pod {bound_pod['metadata']['name']})" if bound_pod is not None else ""
-        raise TokenRequestFailed(f"TokenRequest for serviceaccount {namespace}/{account}{bound} returned "
-                                 f"{status}: {body}")
-    return write_kubeconfig(out, server=api.server, ca_file=ca_file, token=str(body["status"]["token"]),
-                            user=f"system:serviceaccount:{namespace}:{account}", namespace=namespace)
+        raise TokenRequestFailed(
+            f"TokenRequest for serviceaccount {namespace}/{account}{bound} returned {status}: {body}"
+        )
+    return write_kubeconfig(
+        out,
+        server=api.server,
+        ca_file=ca_file,
+        token=str(body["status"]["token"]),
+        user=f"system:serviceaccount:{namespace}:{account}",
+        namespace=namespace,
+    )

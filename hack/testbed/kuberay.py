@@ -47,14 +47,32 @@ class KubeRayOperator:
 
     def start(self) -> KubeRayOperator:
         self.install_rbac()
-        kubeconfig = self.plane.service_account_kubeconfig(self.namespace, "kuberay-operator",
-                                                           expiration_seconds=6 * 3600)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.plane.workdir), "HTTP_PROXY": self.forward_proxy.url,
-               "http_proxy": self.forward_proxy.url, "NO_PROXY": "127.0.0.1,localhost",
-               "no_proxy": "127.0.0.1,localhost"}
-        self.process = self.plane.spawn("kuberay-operator", "kuberay-operator", [
-            "--kubeconfig", str(kubeconfig), "--enable-leader-election=false", "--metrics-addr", "0",
-            "--health-probe-bind-address", "0", *self.extra_args], env=env)
+        kubeconfig = self.plane.service_account_kubeconfig(
+            self.namespace, "kuberay-operator", expiration_seconds=6 * 3600
+        )
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(self.plane.workdir),
+            "HTTP_PROXY": self.forward_proxy.url,
+            "http_proxy": self.forward_proxy.url,
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
+        self.process = self.plane.spawn(
+            "kuberay-operator",
+            "kuberay-operator",
+            [
+                "--kubeconfig",
+                str(kubeconfig),
+                "--enable-leader-election=false",
+                "--metrics-addr",
+                "0",
+                "--health-probe-bind-address",
+                "0",
+                *self.extra_args,
+            ],
+            env=env,
+        )
         time.sleep(0.5)  # not a synchronisation: a process that cannot start (bad flag, no CRD) exits at once
         if not self.process.alive():
             raise KubeRayError(f"kuberay-operator exited at once:\n{self.process.log_tail()}")
@@ -68,4 +86,3 @@ class KubeRayOperator:
         if self.process is None:
             return "(not started)"
         return "\n".join(line[:300] for line in self.process.log_tail(lines).splitlines())
-

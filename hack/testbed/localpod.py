@@ -73,8 +73,10 @@ class LocalPod:
 
     def job_driver_logs(self) -> dict[str, str]:
         """Ray's per-job driver logs (`job-driver-<submission id>.log`) from this head's session, by file name."""
-        return {path.name: path.read_text(errors="replace")
-                for path in sorted(self.temp_dir.glob("session_*/logs/job-driver-*.log"))}
+        return {
+            path.name: path.read_text(errors="replace")
+            for path in sorted(self.temp_dir.glob("session_*/logs/job-driver-*.log"))
+        }
 
     def log_tail(self, lines: int = 30) -> str:
         return controlplane.tail(self.log_path, lines)

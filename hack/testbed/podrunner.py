@@ -103,10 +103,16 @@ class PodRunner:
     _pass_error: str = field(init=False, default="")
 
     @classmethod
-    def for_plane(cls, plane: controlplane.ControlPlane, forward_proxy: proxy.ForwardProxy,
-                  **options: Any) -> PodRunner:
-        return cls(server=plane.server, ca_file=plane.ca_file, admin_token=plane.admin_token,
-                   forward_proxy=forward_proxy, **options)
+    def for_plane(
+        cls, plane: controlplane.ControlPlane, forward_proxy: proxy.ForwardProxy, **options: Any
+    ) -> PodRunner:
+        return cls(
+            server=plane.server,
+            ca_file=plane.ca_file,
+            admin_token=plane.admin_token,
+            forward_proxy=forward_proxy,
+            **options,
+        )
 
     # -- life cycle ---------------------------------------------------------------------------------------
 
@@ -158,8 +164,14 @@ class PodRunner:
     def head(self, namespace: str, cluster: str) -> localpod.LocalPod | None:
         """The newest live head this runner plays for RayCluster `namespace/cluster`."""
         with self._lock:
-            heads = [p for p in self.pods.values() if p.namespace == namespace and p.cluster == cluster
-                     and p.role == "head" and p.state in ("starting", "ready")]
+            heads = [
+                p
+                for p in self.pods.values()
+                if p.namespace == namespace
+                and p.cluster == cluster
+                and p.role == "head"
+                and p.state in ("starting", "ready")
+            ]
         return heads[-1] if heads else None
 
     def add_env(self, match_labels: dict[str, str], env: dict[str, str]) -> None:
@@ -193,11 +205,14 @@ class PodRunner:
     def describe(self) -> str:
         """A dump for failing tests: every pod's state and log tail, and the runner's event list."""
         with self._lock:
-            lines = ["runner events:\n  " + "\n  ".join(self.events[-40:]),
-                     f"passes completed: {self.completed_passes}; last pass error: {self._pass_error}"]
+            lines = [
+                "runner events:\n  " + "\n  ".join(self.events[-40:]),
+                f"passes completed: {self.completed_passes}; last pass error: {self._pass_error}",
+            ]
             for pod in self.pods.values():
-                lines.append(f"--- {pod.key} ({pod.role}, {pod.state}, exit {pod.exit_code}) {pod.log_path}\n"
-                             f"{pod.log_tail(15)}")
+                lines.append(
+                    f"--- {pod.key} ({pod.role}, {pod.state}, exit {pod.exit_code}) {pod.log_path}\n{pod.log_tail(15)}"
+                )
         return "\n".join(lines)
 
     # -- the loop ------------------------------------------------------------------------------------------
@@ -236,8 +251,7 @@ class PodRunner:
             elif node is None or not controlplane.node_ready(node):
                 self._kill(local, f"node {local.node} not Ready", grace=0.0, final_state="killed")
             elif pod["metadata"].get("deletionTimestamp"):
-                self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap),
-                           final_state="killed")
+                self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap), final_state="killed")
             else:
                 self._tend(local, pod)
         with self._lock:
@@ -269,11 +283,18 @@ class PodRunner:
         directory = self.workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         directory.mkdir(parents=True)
         local = localpod.LocalPod(
-            uid=meta["uid"], namespace=meta["namespace"], name=meta["name"], node=spec["nodeName"],
-            role=meta["labels"][podspec.NODE_TYPE_LABEL], cluster=meta["labels"].get(podspec.CLUSTER_LABEL, ""),
-            container=container["name"], restart_policy=spec.get("restartPolicy", "Always"),
+            uid=meta["uid"],
+            namespace=meta["namespace"],
+            name=meta["name"],
+            node=spec["nodeName"],
+            role=meta["labels"][podspec.NODE_TYPE_LABEL],
+            cluster=meta["labels"].get(podspec.CLUSTER_LABEL, ""),
+            container=container["name"],
+            restart_policy=spec.get("restartPolicy", "Always"),
             grace_seconds=float(min(spec.get("terminationGracePeriodSeconds", 30), self.grace_cap)),
-            directory=directory, temp_dir=Path(tempfile.mkdtemp(prefix="rp", dir="/tmp")))
+            directory=directory,
+            temp_dir=Path(tempfile.mkdtemp(prefix="rp", dir="/tmp")),
+        )
         with self._lock:
             self.pods[local.uid] = local
         try:
@@ -281,16 +302,23 @@ class PodRunner:
         except Exception as err:
             local.state = "exited"
             self._event(local, "FailedToStart", str(err))
-            self._patch(local, podstatus.terminated(local, exit_code=128, reason="StartError",
-                                                    message=str(err)[:500], when=_now()))
+            self._patch(
+                local,
+                podstatus.terminated(local, exit_code=128, reason="StartError", message=str(err)[:500], when=_now()),
+            )
             raise
 
-    def _environment(self, pod: dict[str, Any], container: dict[str, Any],
-                     local: localpod.LocalPod) -> dict[str, str]:
+    def _environment(self, pod: dict[str, Any], container: dict[str, Any], local: localpod.LocalPod) -> dict[str, str]:
         home = local.directory / "home"
         home.mkdir(exist_ok=True)  # fresh: no ~/.ray/auth_token from an earlier ray.init()
-        env = {"PATH": f"{self.venv_bin}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
-               "HOSTNAME": local.name, "PYTHONUNBUFFERED": "1", localpod.POD_MARKER: local.uid}
+        env = {
+            "PATH": f"{self.venv_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "HOSTNAME": local.name,
+            "PYTHONUNBUFFERED": "1",
+            localpod.POD_MARKER: local.uid,
+        }
         if pod["spec"].get("automountServiceAccountToken", True):
             env["KUBECONFIG"] = str(self._pod_kubeconfig(pod, local))
         env.update(podspec.container_env(pod, container, self._read_key))
@@ -315,8 +343,13 @@ class PodRunner:
         """A token for the pod's ServiceAccount bound to the pod (invalid once the pod is gone), as a kubelet
         projects it, written into a kubeconfig."""
         return kubeapi.service_account_kubeconfig(
-            self._api, pod["metadata"]["namespace"], pod["spec"].get("serviceAccountName") or "default",
-            ca_file=self.ca_file, out=local.directory / "kubeconfig", bound_pod=pod)
+            self._api,
+            pod["metadata"]["namespace"],
+            pod["spec"].get("serviceAccountName") or "default",
+            ca_file=self.ca_file,
+            out=local.directory / "kubeconfig",
+            bound_pod=pod,
+        )
 
     def _binds(self, pod: dict[str, Any], container: dict[str, Any]) -> list[mountpoints.Bind]:
         """A bind mount for each PVC the Ray container mounts, from the directory of the claim's PV."""
@@ -341,9 +374,14 @@ class PodRunner:
             if head is None:
                 raise RunnerError(f"worker {local.key}: no running head for cluster {local.cluster}")
             head_gcs = head.gcs_address
-        command = raystart.command(self.venv_bin / "ray", podspec.generated_command(container), ports=local.ports,
-                                   temp_dir=local.temp_dir, head_gcs_address=head_gcs,
-                                   object_store_bytes=self.object_store_bytes)
+        command = raystart.command(
+            self.venv_bin / "ray",
+            podspec.generated_command(container),
+            ports=local.ports,
+            temp_dir=local.temp_dir,
+            head_gcs_address=head_gcs,
+            object_store_bytes=self.object_store_bytes,
+        )
         if binds:
             for bind in binds:  # the mountPath must exist on the host's (shared) filesystem
                 root = self._mountpoints.ensure(bind.target)
@@ -352,10 +390,16 @@ class PodRunner:
             command = mountpoints.in_private_mount_namespace(command, binds)
         cwd = container.get("workingDir") or env["HOME"]
         with open(local.log_path, "wb") as log_file:
-            local.process = subprocess.Popen(command, env=env, cwd=cwd if Path(cwd).is_dir() else env["HOME"],
-                                             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                             start_new_session=True,
-                                             preexec_fn=controlplane.die_with_parent(signal.SIGTERM))
+            local.process = subprocess.Popen(
+                command,
+                env=env,
+                cwd=cwd if Path(cwd).is_dir() else env["HOME"],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=controlplane.die_with_parent(signal.SIGTERM),
+            )
         local.state, local.started_at, local.exit_code = "starting", _now(), None
         self._event(local, "Started", f"pid {local.process.pid}: {shlex.join(command)[:300]}")
         self._patch(local, podstatus.running(local, ready=False, when=_now()))
@@ -388,13 +432,18 @@ class PodRunner:
         reason = "Error" if code else "Completed"
         if local.restart_policy == "Always" or (local.restart_policy == "OnFailure" and code != 0):
             local.state = "backoff"
-            local.restart_after = time.monotonic() + min(10.0 * 2 ** local.restarts, 300.0)
-            self._patch(local, podstatus.terminated(local, exit_code=code, reason=reason, phase=None, waiting=True,
-                                                    when=_now()))
+            local.restart_after = time.monotonic() + min(10.0 * 2**local.restarts, 300.0)
+            self._patch(
+                local, podstatus.terminated(local, exit_code=code, reason=reason, phase=None, waiting=True, when=_now())
+            )
         else:
             local.state = "exited"
-            self._patch(local, podstatus.terminated(local, exit_code=code, reason=reason,
-                                                    phase="Failed" if code else "Succeeded", when=_now()))
+            self._patch(
+                local,
+                podstatus.terminated(
+                    local, exit_code=code, reason=reason, phase="Failed" if code else "Succeeded", when=_now()
+                ),
+            )
 
     def _ray_answers(self, local: localpod.LocalPod) -> bool:
         try:
@@ -411,8 +460,7 @@ class PodRunner:
 
     # -- stopping ------------------------------------------------------------------------------------------
 
-    def _kill(self, local: localpod.LocalPod, why: str, *, grace: float, final_state: str,
-              wait: bool = False) -> None:
+    def _kill(self, local: localpod.LocalPod, why: str, *, grace: float, final_state: str, wait: bool = False) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once), in a thread unless `wait`."""
         with self._lock:
             if local.state in ("killing", "killed") and not wait:
@@ -442,8 +490,11 @@ class PodRunner:
 
     def _patch(self, local: localpod.LocalPod, body: dict[str, Any]) -> None:
         status, answer = self._api.request(
-            "PATCH", f"/api/v1/namespaces/{local.namespace}/pods/{local.name}/status", body,
-            content_type=podstatus.PATCH_CONTENT_TYPE)
+            "PATCH",
+            f"/api/v1/namespaces/{local.namespace}/pods/{local.name}/status",
+            body,
+            content_type=podstatus.PATCH_CONTENT_TYPE,
+        )
         if status not in (200, 404):
             log.warning("patching %s status returned %s: %s", local.key, status, answer)
 
@@ -471,13 +522,16 @@ class PodRunner:
         """head uid -> {`<svc>.<ns>.svc.cluster.local:<port>`: local port} for the Services of `namespace`."""
         services = self._api.items(f"/api/v1/namespaces/{namespace}/services")
         selector = urllib.parse.quote(f"{podspec.NODE_TYPE_LABEL}=head")
-        pods = {p["metadata"]["uid"]: p for p in self._api.items(
-            f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")}
+        pods = {
+            p["metadata"]["uid"]: p
+            for p in self._api.items(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+        }
         wanted: dict[str, dict[str, int]] = {}
         for head in (h for h in heads if h.uid in pods):
             labels = pods[head.uid]["metadata"].get("labels") or {}
-            container_ports = {p.get("name"): p["containerPort"]
-                               for p in podspec.ray_container(pods[head.uid]).get("ports") or []}
+            container_ports = {
+                p.get("name"): p["containerPort"] for p in podspec.ray_container(pods[head.uid]).get("ports") or []
+            }
             for service in services:
                 chosen = service["spec"].get("selector") or {}
                 if not chosen or any(labels.get(k) != v for k, v in chosen.items()):
@@ -529,4 +583,3 @@ def _terminate(local: localpod.LocalPod, grace: float) -> None:
             local.exit_code = local.process.returncode
         except subprocess.TimeoutExpired:
             pass
-

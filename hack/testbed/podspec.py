@@ -15,13 +15,28 @@ PLAY_ANNOTATION = "testbed.trainingrun.dev/play"
 NODE_TYPE_LABEL, CLUSTER_LABEL = "ray.io/node-type", "ray.io/cluster"
 GENERATED_COMMAND = "KUBERAY_GEN_RAY_START_CMD"
 # Variables KubeRay injects into the Ray container to describe the container itself (its address, ports, name).
-KUBERAY_CONTAINER_VARIABLES = frozenset({
-    "RAY_CLUSTER_NAME", "RAY_IP", "FQ_RAY_IP", "RAY_PORT", "RAY_ADDRESS", "RAY_REDIS_ADDRESS",
-    "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE", "RAY_external_storage_namespace", "RAY_gcs_rpc_server_reconnect_timeout_s",
-    "RAY_timeout_ms_task_wait_for_death_info", "RAY_gcs_server_request_timeout_seconds", "RAY_SERVE_KV_TIMEOUT_S",
-    "RAY_USAGE_STATS_KUBERAY_IN_USE", "RAY_USAGE_STATS_EXTRA_TAGS", GENERATED_COMMAND,
-    "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME", "RAY_enable_autoscaler_v2",
-})
+KUBERAY_CONTAINER_VARIABLES = frozenset(
+    {
+        "RAY_CLUSTER_NAME",
+        "RAY_IP",
+        "FQ_RAY_IP",
+        "RAY_PORT",
+        "RAY_ADDRESS",
+        "RAY_REDIS_ADDRESS",
+        "RAY_DASHBOARD_ENABLE_K8S_DISK_USAGE",
+        "RAY_external_storage_namespace",
+        "RAY_gcs_rpc_server_reconnect_timeout_s",
+        "RAY_timeout_ms_task_wait_for_death_info",
+        "RAY_gcs_server_request_timeout_seconds",
+        "RAY_SERVE_KV_TIMEOUT_S",
+        "RAY_USAGE_STATS_KUBERAY_IN_USE",
+        "RAY_USAGE_STATS_EXTRA_TAGS",
+        GENERATED_COMMAND,
+        "RAY_CLOUD_INSTANCE_ID",
+        "RAY_NODE_TYPE_NAME",
+        "RAY_enable_autoscaler_v2",
+    }
+)
 
 # (namespace, "secrets" | "configmaps", name, key) -> the decoded value, or None when it is missing.
 Lookup = Callable[[str, str, str, str], str | None]
@@ -85,15 +100,20 @@ def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup
 def field_value(pod: dict[str, Any], path: str) -> str | None:
     """A fieldRef's value: the pod's name, namespace, uid, node, ServiceAccount, IPs, or one label/annotation."""
     meta = pod["metadata"]
-    simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-              "metadata.uid": meta["uid"], "spec.nodeName": pod["spec"].get("nodeName"),
-              "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-              "status.podIP": pod["status"].get("podIP"), "status.hostIP": pod["status"].get("hostIP")}
+    simple = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+        "spec.nodeName": pod["spec"].get("nodeName"),
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+        "status.podIP": pod["status"].get("podIP"),
+        "status.hostIP": pod["status"].get("hostIP"),
+    }
     if path in simple:
         return str(simple[path]) if simple[path] is not None else None
     for prefix, values in (("metadata.labels", meta.get("labels")), ("metadata.annotations", meta.get("annotations"))):
         if path.startswith(prefix + "['"):
-            return (values or {}).get(path[len(prefix) + 2:-2])
+            return (values or {}).get(path[len(prefix) + 2 : -2])
     return None
 
 
@@ -110,8 +130,18 @@ def _value_from(pod: dict[str, Any], source: dict[str, Any], lookup: Lookup) -> 
 def claim_mounts(pod: dict[str, Any], container: dict[str, Any]) -> list[ClaimMount]:
     """The container's volumeMounts that are PVCs (emptyDir, projected tokens and the like are not: the process
     sees the host's directory instead)."""
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
-              for v in pod["spec"].get("volumes") or [] if "persistentVolumeClaim" in v}
-    return [ClaimMount(claim=claims[mount["name"]], mount_path=mount["mountPath"],
-                       sub_path=mount.get("subPath") or "", read_only=bool(mount.get("readOnly")))
-            for mount in container.get("volumeMounts") or [] if mount["name"] in claims]
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or []
+        if "persistentVolumeClaim" in v
+    }
+    return [
+        ClaimMount(
+            claim=claims[mount["name"]],
+            mount_path=mount["mountPath"],
+            sub_path=mount.get("subPath") or "",
+            read_only=bool(mount.get("readOnly")),
+        )
+        for mount in container.get("volumeMounts") or []
+        if mount["name"] in claims
+    ]

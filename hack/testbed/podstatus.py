@@ -17,31 +17,60 @@ PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
 
 
 def _readiness(ready: bool, when: str, reason: str | None) -> list[dict[str, Any]]:
-    return [{"type": kind, "status": str(ready), "lastTransitionTime": when, "reason": reason}
-            for kind in ("Ready", "ContainersReady")]
+    return [
+        {"type": kind, "status": str(ready), "lastTransitionTime": when, "reason": reason}
+        for kind in ("Ready", "ContainersReady")
+    ]
 
 
 def running(pod: LocalPod, *, ready: bool, when: str) -> dict[str, Any]:
     """The container running since `pod.started_at`, ready or not."""
-    return {"status": {
-        "conditions": _readiness(ready, when, None if ready else "ContainersNotReady"),
-        "containerStatuses": [{"name": pod.container, "ready": ready, "started": True, "restartCount": pod.restarts,
-                               "state": {"running": {"startedAt": pod.started_at}}}]}}
+    return {
+        "status": {
+            "conditions": _readiness(ready, when, None if ready else "ContainersNotReady"),
+            "containerStatuses": [
+                {
+                    "name": pod.container,
+                    "ready": ready,
+                    "started": True,
+                    "restartCount": pod.restarts,
+                    "state": {"running": {"startedAt": pod.started_at}},
+                }
+            ],
+        }
+    }
 
 
-def terminated(pod: LocalPod, *, exit_code: int, reason: str, when: str, message: str = "",
-               phase: str | None = "Failed", waiting: bool = False) -> dict[str, Any]:
+def terminated(
+    pod: LocalPod,
+    *,
+    exit_code: int,
+    reason: str,
+    when: str,
+    message: str = "",
+    phase: str | None = "Failed",
+    waiting: bool = False,
+) -> dict[str, Any]:
     """The container terminated with `exit_code`; `phase` set unless None; with `waiting`, the termination is the
     last state and the container waits in CrashLoopBackOff."""
-    record = {"exitCode": exit_code, "reason": reason, "message": message or None,
-              "startedAt": pod.started_at or when, "finishedAt": when}
-    state: dict[str, Any] = ({"state": {"waiting": {"reason": "CrashLoopBackOff"}, "running": None},
-                              "lastState": {"terminated": record}} if waiting else
-                             {"state": {"terminated": record, "running": None}})
+    record = {
+        "exitCode": exit_code,
+        "reason": reason,
+        "message": message or None,
+        "startedAt": pod.started_at or when,
+        "finishedAt": when,
+    }
+    state: dict[str, Any] = (
+        {"state": {"waiting": {"reason": "CrashLoopBackOff"}, "running": None}, "lastState": {"terminated": record}}
+        if waiting
+        else {"state": {"terminated": record, "running": None}}
+    )
     status: dict[str, Any] = {
         "conditions": _readiness(False, when, "PodCompleted" if phase else "ContainersNotReady"),
-        "containerStatuses": [{"name": pod.container, "ready": False, "started": False,
-                               "restartCount": pod.restarts, **state}]}
+        "containerStatuses": [
+            {"name": pod.container, "ready": False, "started": False, "restartCount": pod.restarts, **state}
+        ],
+    }
     if phase:
         status["phase"] = phase
     return {"status": status}

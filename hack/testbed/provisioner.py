@@ -26,16 +26,26 @@ class ClaimNotMountable(RuntimeError):
 def hostpath_volume(name: str, pvc: dict[str, Any], directory: Path) -> dict[str, Any]:
     """A PV for `pvc` at `directory`, bound to it by claimRef, with the claim's size, access modes and class."""
     meta, spec = pvc["metadata"], pvc["spec"]
-    return {"apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": name, "labels": {PROVISIONER_LABEL: "podrunner"}},
-            "spec": {"capacity": {"storage": (spec.get("resources", {}).get("requests") or {}).get("storage", "1Gi")},
-                     "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "storageClassName": spec.get("storageClassName") or "",
-                     "volumeMode": spec.get("volumeMode", "Filesystem"),
-                     "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
-                     "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                  "namespace": meta["namespace"], "name": meta["name"], "uid": meta["uid"]}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name, "labels": {PROVISIONER_LABEL: "podrunner"}},
+        "spec": {
+            "capacity": {"storage": (spec.get("resources", {}).get("requests") or {}).get("storage", "1Gi")},
+            "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": spec.get("storageClassName") or "",
+            "volumeMode": spec.get("volumeMode", "Filesystem"),
+            "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+        },
+    }
 
 
 @dataclass(eq=False)

@@ -34,8 +34,16 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "proxy-authenticate", "te",
-               "trailer", "upgrade"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+}
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -231,7 +239,7 @@ class ForwardProxy:
             if head.method == "CONNECT":
                 host, port = split_host_port(head.target, 443)
             elif head.target.lower().startswith("http://"):
-                authority = head.target[len("http://"):].split("/", 1)[0]
+                authority = head.target[len("http://") :].split("/", 1)[0]
                 host, port = split_host_port(authority, 80)
             else:
                 raise BadRequest(f"not a proxy request (need an absolute http:// URI or CONNECT): {head.target!r}")
@@ -336,10 +344,14 @@ class ForwardProxy:
 def _origin_form(head: RequestHead, host: str, port: int) -> bytes:
     """The request as the origin server expects it: a path, not an absolute URI; hop-by-hop headers dropped;
     `Connection: close` so that one request is one connection."""
-    after_scheme = head.target[len("http://"):]
+    after_scheme = head.target[len("http://") :]
     path = "/" + after_scheme.split("/", 1)[1] if "/" in after_scheme else "/"
-    connection_tokens = {token.strip().lower() for name, value in head.headers
-                         if name.lower() in ("connection", "proxy-connection") for token in value.split(",")}
+    connection_tokens = {
+        token.strip().lower()
+        for name, value in head.headers
+        if name.lower() in ("connection", "proxy-connection")
+        for token in value.split(",")
+    }
     lines = [f"{head.method} {path} {head.version}"]
     has_host = False
     for name, value in head.headers:
@@ -372,8 +384,10 @@ def _send_all(sock: socket.socket, data: bytes, timeout: float) -> None:
 def _send_error(sock: socket.socket, status: int, message: str) -> None:
     reasons = {400: "Bad Request", 502: "Bad Gateway", 503: "Service Unavailable"}
     body = (message + "\n").encode()
-    head = (f"HTTP/1.1 {status} {reasons[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"HTTP/1.1 {status} {reasons[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     try:
         sock.settimeout(2.0)
         sock.sendall(head + body)

@@ -22,12 +22,29 @@ from pathlib import Path
 GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, AGENT_PORT = 6379, 8265, 10001, 52365
 CONTAINER_PORTS = (GCS_PORT, DASHBOARD_PORT, CLIENT_PORT, AGENT_PORT)
 # `ray start` parameters that describe the container's network or files; the runner chooses its own.
-RUNNER_OWNED_PARAMS = frozenset({
-    "head", "block", "address", "port", "node-ip-address", "temp-dir", "dashboard-host", "dashboard-port",
-    "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port", "ray-client-server-port",
-    "node-manager-port", "object-manager-port", "runtime-env-agent-port", "min-worker-port", "max-worker-port",
-    "worker-port-list", "disable-usage-stats",
-})
+RUNNER_OWNED_PARAMS = frozenset(
+    {
+        "head",
+        "block",
+        "address",
+        "port",
+        "node-ip-address",
+        "temp-dir",
+        "dashboard-host",
+        "dashboard-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+        "runtime-env-agent-port",
+        "min-worker-port",
+        "max-worker-port",
+        "worker-port-list",
+        "disable-usage-stats",
+    }
+)
 # Flags whose value "true" is written out (`--log-color=true`): they take a value, they are not switches.
 _VALUED_BOOLEANS = frozenset({"log-color", "include-dashboard"})
 
@@ -59,18 +76,37 @@ def user_args(params: dict[str, str]) -> list[str]:
     return args
 
 
-def command(ray: Path, generated: str, *, ports: dict[int, int], temp_dir: Path, head_gcs_address: str | None,
-            object_store_bytes: int) -> list[str]:
+def command(
+    ray: Path,
+    generated: str,
+    *,
+    ports: dict[int, int],
+    temp_dir: Path,
+    head_gcs_address: str | None,
+    object_store_bytes: int,
+) -> list[str]:
     """The local `ray start` for a pod: a head when `head_gcs_address` is None, else a worker joining that GCS.
     `generated` is KubeRay's KUBERAY_GEN_RAY_START_CMD ("" when absent); `ports` maps CONTAINER_PORTS to the
     local ports chosen for this pod."""
     params = parse(generated) if generated else {}
     params.setdefault("object-store-memory", str(object_store_bytes))
-    args = [str(ray), "start", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
-            f"--temp-dir={temp_dir}", f"--dashboard-agent-listen-port={ports[AGENT_PORT]}"]
+    args = [
+        str(ray),
+        "start",
+        "--block",
+        "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
+        f"--dashboard-agent-listen-port={ports[AGENT_PORT]}",
+    ]
     if head_gcs_address is None:
-        args += ["--head", f"--port={ports[GCS_PORT]}", "--dashboard-host=127.0.0.1",
-                 f"--dashboard-port={ports[DASHBOARD_PORT]}", f"--ray-client-server-port={ports[CLIENT_PORT]}"]
+        args += [
+            "--head",
+            f"--port={ports[GCS_PORT]}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={ports[DASHBOARD_PORT]}",
+            f"--ray-client-server-port={ports[CLIENT_PORT]}",
+        ]
     else:
         args.append(f"--address={head_gcs_address}")
     return args + user_args(params)

@@ -11,8 +11,8 @@ would deliver them, without the consistent read's wait for the cache to catch up
 time at 200 runs). What that view can miss is only what changed in the last moments: an object deleted
 shows up a little longer (the next attempt waits a little longer), and a pod created in that instant is one
 that KubeRay made for a RayJob already being deleted (it never runs a driver). The TrainingRun itself is
-read from etcd: its status is what every decision builds on. What the operator may call is exactly what the chart's ClusterRole
-grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
+read from etcd: its status is what every decision builds on. What the operator may call is exactly what the
+chart's ClusterRole grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
 """
 
 from __future__ import annotations
@@ -131,7 +131,11 @@ class Api:
             obj = await self._call(
                 f"get trainingrun {namespace}/{name}",
                 self._custom.get_namespaced_custom_object,
-                model.GROUP, model.VERSION, namespace, model.PLURAL, name,
+                model.GROUP,
+                model.VERSION,
+                namespace,
+                model.PLURAL,
+                name,
             )
         except errors.ApiError as exc:
             if exc.status == 404:
@@ -144,7 +148,12 @@ class Api:
         await self._call(
             f"patch trainingrun {namespace}/{name} status",
             self._custom.patch_namespaced_custom_object_status,
-            model.GROUP, model.VERSION, namespace, model.PLURAL, name, {"status": dict(patch)},
+            model.GROUP,
+            model.VERSION,
+            namespace,
+            model.PLURAL,
+            name,
+            {"status": dict(patch)},
             _content_type="application/merge-patch+json",
         )
 
@@ -155,7 +164,11 @@ class Api:
         result = await self._call(
             f"list rayjobs of {namespace}/{run}",
             self._custom.list_namespaced_custom_object,
-            RAY_GROUP, RAY_VERSION, namespace, RAYJOBS, label_selector=f"{naming.LABEL_RUN}={run}",
+            RAY_GROUP,
+            RAY_VERSION,
+            namespace,
+            RAYJOBS,
+            label_selector=f"{naming.LABEL_RUN}={run}",
             resource_version="0",
         )
         return list(result.get("items", []))
@@ -166,7 +179,11 @@ class Api:
         return await self._create(
             f"create rayjob {meta['namespace']}/{meta['name']}",
             self._custom.create_namespaced_custom_object,
-            RAY_GROUP, RAY_VERSION, meta["namespace"], RAYJOBS, dict(body),
+            RAY_GROUP,
+            RAY_VERSION,
+            meta["namespace"],
+            RAYJOBS,
+            dict(body),
         )
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
@@ -175,7 +192,12 @@ class Api:
             await self._call(
                 f"delete rayjob {namespace}/{name}",
                 self._custom.delete_namespaced_custom_object,
-                RAY_GROUP, RAY_VERSION, namespace, RAYJOBS, name, propagation_policy="Background",
+                RAY_GROUP,
+                RAY_VERSION,
+                namespace,
+                RAYJOBS,
+                name,
+                propagation_policy="Background",
             )
         except errors.ApiError as exc:
             if exc.status == 404:
@@ -189,7 +211,9 @@ class Api:
         """Every pod of `run`'s Ray clusters (the RayJob pod templates carry the run label)."""
         result = await self._call(
             f"list pods of {namespace}/{run}",
-            self._core.list_namespaced_pod, namespace, label_selector=f"{naming.LABEL_RUN}={run}",
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{naming.LABEL_RUN}={run}",
             resource_version="0",
         )
         return list(result.get("items", []))
@@ -210,21 +234,27 @@ class Api:
         meta = body["metadata"]
         return await self._create(
             f"create serviceaccount {meta['namespace']}/{meta['name']}",
-            self._core.create_namespaced_service_account, meta["namespace"], dict(body),
+            self._core.create_namespaced_service_account,
+            meta["namespace"],
+            dict(body),
         )
 
     async def create_role(self, body: Mapping[str, Any]) -> bool:
         meta = body["metadata"]
         return await self._create(
             f"create role {meta['namespace']}/{meta['name']}",
-            self._rbac.create_namespaced_role, meta["namespace"], dict(body),
+            self._rbac.create_namespaced_role,
+            meta["namespace"],
+            dict(body),
         )
 
     async def create_role_binding(self, body: Mapping[str, Any]) -> bool:
         meta = body["metadata"]
         return await self._create(
             f"create rolebinding {meta['namespace']}/{meta['name']}",
-            self._rbac.create_namespaced_role_binding, meta["namespace"], dict(body),
+            self._rbac.create_namespaced_role_binding,
+            meta["namespace"],
+            dict(body),
         )
 
     async def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
@@ -266,5 +296,7 @@ class Api:
         }
         await self._call(
             f"post event {reason} on {meta['namespace']}/{meta['name']}",
-            self._core.create_namespaced_event, meta["namespace"], body,
+            self._core.create_namespaced_event,
+            meta["namespace"],
+            body,
         )

@@ -71,7 +71,9 @@ def _operator_command(args: argparse.Namespace) -> int:
         namespaces = [ns.strip() for ns in os.environ["WATCH_NAMESPACES"].split(",") if ns.strip()]
     api = apiclient.Api(apiclient.load_configuration(args.kubeconfig, args.context))
     try:
-        asyncio.run(operate(api, namespaces=namespaces, liveness=args.liveness, peering=args.peering, priority=args.priority))
+        asyncio.run(
+            operate(api, namespaces=namespaces, liveness=args.liveness, peering=args.peering, priority=args.priority)
+        )
     finally:
         api.close()
     return 0
@@ -86,14 +88,18 @@ def _run_command(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainingrun", description=__doc__.split("\n\n")[0] if __doc__ else None)
     log_help = "DEBUG (adds the traceback to an error), INFO, WARNING, ERROR (env LOG_LEVEL)"
-    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=os.environ.get("LOG_LEVEL", "INFO"), help=log_help)
+    parser.add_argument(
+        "--log-level", type=str.upper, choices=LOG_LEVELS, default=os.environ.get("LOG_LEVEL", "INFO"), help=log_help
+    )
     # Also accepted after the subcommand (`trainingrun run x.yaml --log-level DEBUG`); unset there, the above holds.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=argparse.SUPPRESS, help=log_help)
     sub = parser.add_subparsers(dest="command", required=True)
 
     op = sub.add_parser("operator", parents=[common], help="run the Kubernetes operator")
-    op.add_argument("--namespace", "-n", action="append", help="watch only this namespace (repeatable; env WATCH_NAMESPACES)")
+    op.add_argument(
+        "--namespace", "-n", action="append", help="watch only this namespace (repeatable; env WATCH_NAMESPACES)"
+    )
     op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     op.add_argument("--peering", default=None, help="kopf peering name: one active replica among those sharing it")
     op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
@@ -103,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", parents=[common], help="run a TrainingRun YAML on this machine (no Kubernetes)")
     run.add_argument("file", help="a TrainingRun YAML, e.g. manifests/examples/tiny.yaml")
-    run.add_argument("--root", default="runs", help="checkpoints in ROOT/<run>/step_N/, status in ROOT/<run>/status.json")
+    run.add_argument(
+        "--root", default="runs", help="checkpoints in ROOT/<run>/step_N/, status in ROOT/<run>/status.json"
+    )
     run.add_argument("--chaos", action="store_true", help="kill the driver at random moments to show a resume")
     run.add_argument("--chaos-seed", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=_run_command)

@@ -55,8 +55,13 @@ def derive(
     return [
         state("Running", phase is Phase.RUNNING),
         _set(
-            old, "CheckpointAvailable", latest is not None,
-            "CheckpointRecorded" if latest else "NoCheckpoint", ckpt_message, now, generation,
+            old,
+            "CheckpointAvailable",
+            latest is not None,
+            "CheckpointRecorded" if latest else "NoCheckpoint",
+            ckpt_message,
+            now,
+            generation,
         ),
         state("Succeeded", phase is Phase.SUCCEEDED),
         state("Failed", phase is Phase.FAILED),

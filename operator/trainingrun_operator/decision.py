@@ -206,7 +206,9 @@ class _Pass:
         )
         if ckpt.attempt == attempt.number:
             self.update(consecutive_failures=0)  # an attempt that produced a checkpoint resets the count
-        self.emit("Normal", "CheckpointRecorded", f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}")
+        self.emit(
+            "Normal", "CheckpointRecorded", f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}"
+        )
 
     def restore_error(self) -> str | None:
         report, attempt = self.status.runtime, self.attempt
@@ -241,9 +243,7 @@ class _Pass:
         first_identity = self.status.identity is None or self.status.identity.service_account_name is None
         self.update(
             attempt=model.AttemptRecord(number=number, ray_job_name=name, start=self.now, resumed_from=resume),
-            identity=model.Identity(
-                service_account_name=identity, role_name=identity, role_binding_name=identity
-            ),
+            identity=model.Identity(service_account_name=identity, role_name=identity, role_binding_name=identity),
             next_attempt_time=None,
             start_time=self.status.start_time or self.now,
             restarts=self.status.restarts or model.RestartCounts(),
@@ -368,7 +368,10 @@ class _Pass:
         if attempt is None or attempt.ray_job_name is None:
             return
         identity = naming.identity_name(self.inputs.run)
-        self.actions += [EnsureIdentity(identity), CreateAttempt(attempt.number, attempt.ray_job_name, attempt.resumed_from)]
+        self.actions += [
+            EnsureIdentity(identity),
+            CreateAttempt(attempt.number, attempt.ray_job_name, attempt.resumed_from),
+        ]
 
     def on_waiting(self) -> None:
         """Restarting or Suspended(unsuspended): start the next attempt once the old pods are gone."""

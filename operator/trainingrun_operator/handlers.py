@@ -71,9 +71,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
     detected from deletionTimestamp, not from this.
     """
 
-    def build(
-        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
-    ) -> kopf.BodyEssence:
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
         # kopf builds an essence (a deep copy of the object, status aside) on every watch event of every kind it
         # watches, pods and RayJobs included, only to diff it against what fetch() returns: nothing to compare.
         return cast(kopf.BodyEssence, {})

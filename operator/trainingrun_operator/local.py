@@ -120,7 +120,7 @@ class LocalRun:
         root: pathlib.Path,
         *,
         chaos: Chaos | None = None,
-        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc),
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
         console: TextIO | None = None,
     ) -> None:
         self.run = run
@@ -173,7 +173,8 @@ class LocalRun:
         code = proc.exit_code()
         alive = proc.alive()
         pod = PodObservation(
-            name=f"driver-{proc.pid}", node_type="head",
+            name=f"driver-{proc.pid}",
+            node_type="head",
             phase="Running" if code is None else ("Succeeded" if code == 0 else "Failed"),
             deleting=code is not None,
         )
@@ -223,7 +224,9 @@ class LocalRun:
     def event(self, event: decision.Event) -> None:
         now = timestamps.rfc3339(self.clock(), timespec="seconds")
         with open(self.dir / "events.jsonl", "a") as out:
-            out.write(json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n")
+            out.write(
+                json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n"
+            )
         print(f"{now} {event.type:7} {event.reason}: {event.message}", file=self.console, flush=True)
 
     # ----------------------------------------------------------------------------------------- loop
@@ -235,7 +238,11 @@ class LocalRun:
             proc = self.procs.get(self.current_attempt())
             if self.chaos.tick(proc, self.status.get("runtime"), time.monotonic()):
                 assert proc is not None
-                self.event(decision.Event("Warning", "ChaosKill", f"--chaos: SIGKILL to attempt {proc.attempt}'s driver (pid {proc.pid})"))
+                self.event(
+                    decision.Event(
+                        "Warning", "ChaosKill", f"--chaos: SIGKILL to attempt {proc.attempt}'s driver (pid {proc.pid})"
+                    )
+                )
                 proc.kill("ChaosKill")
         result = decision.decide(
             decision.Inputs(
@@ -286,7 +293,13 @@ def _progress(run: LocalRun) -> Iterator[Callable[[LocalRun], None]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = int(run.run.spec.trainer.get("steps", 200))
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[extra]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[extra]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(run.name, total=total, extra="")
         run.console = bar.console.file

@@ -137,9 +137,7 @@ class CheckpointSpec(_Wire):
     """Checkpoint storage (immutable after creation), save period and retention."""
 
     pvc: PVCSource
-    path: str = Field(
-        "", max_length=200, pattern=r"^$|^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
-    )
+    path: str = Field("", max_length=200, pattern=r"^$|^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
     save_period: int = Field(ge=1)
     retention: Retention = Field(default_factory=Retention)
 
@@ -167,9 +165,7 @@ class Backoff(_Wire):
     @model_validator(mode="after")
     def _cap_above_initial(self) -> Backoff:
         if self.max_seconds < self.initial_seconds:
-            raise ValueError(
-                "restartPolicy.backoff.maxSeconds must be >= restartPolicy.backoff.initialSeconds"
-            )
+            raise ValueError("restartPolicy.backoff.maxSeconds must be >= restartPolicy.backoff.initialSeconds")
         return self
 
 

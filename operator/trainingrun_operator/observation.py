@@ -52,7 +52,9 @@ class PodObservation:
     phase: str = "Pending"
     deleting: bool = False
     reason: str = ""  # pod.status.reason: Evicted, Preempting, NodeLost, ...
-    disruption: str = ""  # reason of a True DisruptionTarget condition: PreemptionByScheduler, EvictionByEvictionAPI, ...
+    disruption: str = (
+        ""  # reason of a True DisruptionTarget condition: PreemptionByScheduler, EvictionByEvictionAPI, ...
+    )
     node_name: str = ""
     node_ready: bool | None = None  # None: not scheduled or not known
     node_gone: bool = False

@@ -39,9 +39,7 @@ TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.PENDING: frozenset({Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
-    Phase.STARTING: frozenset(
-        {Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
-    ),
+    Phase.STARTING: frozenset({Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
     Phase.RUNNING: frozenset({Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
     Phase.RESTARTING: frozenset({Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
     Phase.SUSPENDED: frozenset({Phase.STARTING, Phase.FAILED}),

@@ -3,7 +3,8 @@
 Called by `handlers.py` when the decision core asks for `CreateAttempt`. The shape (KubeRay v1.5.0, ray.io/v1):
 
     RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt
-      spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ... --run-uid UID
+      spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
+                                 --run-uid UID
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
@@ -49,14 +50,23 @@ def entrypoint(
     """
     config = validation.runtime_config(spec).model_dump(mode="json", by_alias=True)
     argv = [
-        "python", "-m", "trainingrun_runtime",
-        "--run", run,
-        "--namespace", namespace,
-        "--attempt", str(attempt),
-        "--resume", "latest" if resume is None else str(resume),
-        "--root", checkpoint_root(spec),
-        "--config-json", json.dumps(config, sort_keys=True, separators=(",", ":")),
-        "--reporter", "kubernetes",
+        "python",
+        "-m",
+        "trainingrun_runtime",
+        "--run",
+        run,
+        "--namespace",
+        namespace,
+        "--attempt",
+        str(attempt),
+        "--resume",
+        "latest" if resume is None else str(resume),
+        "--root",
+        checkpoint_root(spec),
+        "--config-json",
+        json.dumps(config, sort_keys=True, separators=(",", ":")),
+        "--reporter",
+        "kubernetes",
     ]
     if uid is not None:
         argv += ["--run-uid", uid]

@@ -49,7 +49,7 @@ READ_AHEAD_LIMIT = 0.2  # the longest a pass waits, after its reads, for the mom
 
 
 def utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _attempt_of(obj: Mapping[str, Any]) -> str:
@@ -87,14 +87,17 @@ async def observe(
     mine = [p for p in pods if _attempt_of(p) == str(number)]
     node_names = sorted({str(p.get("spec", {}).get("nodeName")) for p in mine if p.get("spec", {}).get("nodeName")})
     found = await asyncio.gather(*(api.get_node(n) for n in node_names))
-    nodes: dict[str, Mapping[str, Any]] = {n: node for n, node in zip(node_names, found) if node is not None}
+    nodes: dict[str, Mapping[str, Any]] = {
+        n: node for n, node in zip(node_names, found, strict=True) if node is not None
+    }
     job = next((j for j in jobs if j["metadata"]["name"] == job_name), None)
     return observation.AttemptObservation(
         number=number,
         rayjob=observation.rayjob_observation(job) if job is not None else None,
         pods=tuple(observation.pod_observation(p, nodes) for p in mine),
         other_rayjobs=tuple(
-            j["metadata"]["name"] for j in jobs
+            j["metadata"]["name"]
+            for j in jobs
             if j["metadata"]["name"] != job_name and not j["metadata"].get("deletionTimestamp")
         ),
         other_pods=len(pods) - len(mine),
@@ -256,7 +259,14 @@ async def _apply(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, resu
     if isinstance(written, BaseException):
         raise written
     if run.status.phase != result.status.phase:
-        logger.info("%s/%s: %s -> %s (%s)", namespace, name, run.status.phase or "-", result.status.phase, result.status.reason or "")
+        logger.info(
+            "%s/%s: %s -> %s (%s)",
+            namespace,
+            name,
+            run.status.phase or "-",
+            result.status.phase,
+            result.status.reason or "",
+        )
     failed = next((e for e in ensured if isinstance(e, BaseException)), None)
     if failed is not None and not isinstance(failed, errors.OperatorError):
         raise failed

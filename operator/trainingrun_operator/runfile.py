@@ -72,7 +72,9 @@ def _what_is_in(documents: list[tuple[yaml.Node, Any]]) -> str:
         elif isinstance(doc, dict):
             found.append("a mapping without kind")
         else:
-            found.append({type(None): "an empty document", list: "a list", str: "plain text"}.get(type(doc), "a single value"))
+            found.append(
+                {type(None): "an empty document", list: "a list", str: "plain text"}.get(type(doc), "a single value")
+            )
     return "found: " + ", ".join(found)
 
 
@@ -94,7 +96,9 @@ def _position(node: yaml.Node, loc: tuple[str | int, ...]) -> tuple[int, int]:
     mark = node.start_mark
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            hit = next((pair for pair in node.value if isinstance(pair[0], yaml.ScalarNode) and pair[0].value == part), None)
+            hit = next(
+                (pair for pair in node.value if isinstance(pair[0], yaml.ScalarNode) and pair[0].value == part), None
+            )
             if hit is None:
                 break
             mark, node = hit[0].start_mark, hit[1]

@@ -33,7 +33,10 @@ __all__ = ["Problem", "problems", "run_problems", "runtime_config", "spec_proble
 
 Loc = tuple[str | int, ...]
 _BOUNDS = {
-    "greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"), "less_than": ("<", "lt"),
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
 }
 
 
@@ -58,9 +61,7 @@ def problems(
 ) -> list[Problem]:
     """Every field `error` rejects, in pydantic's order, each located under `prefix`. `root`: the model that
     was validated, to name the fields allowed where an unknown one was found."""
-    return [
-        Problem((*prefix, *detail["loc"]), detail["msg"], _explain(detail, root)) for detail in error.errors()
-    ]
+    return [Problem((*prefix, *detail["loc"]), detail["msg"], _explain(detail, root)) for detail in error.errors()]
 
 
 def runtime_config(spec: model.TrainingRunSpec) -> RuntimeConfig:
@@ -139,7 +140,7 @@ def _explain(detail: pydantic_core.ErrorDetails, root: type[pydantic.BaseModel] 
     text = detail["msg"]
     for said, meant in (("Input should be", "must be"), ("String should", "must"), ("List should", "must")):
         if text.startswith(said):
-            text = meant + text[len(said):]
+            text = meant + text[len(said) :]
     return f"{text} (got {_shown(given)})"
 
 

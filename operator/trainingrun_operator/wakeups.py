@@ -6,7 +6,8 @@ at once, because only its own supervisor (`handlers.supervise`) reconciles it.
 A TrainingRun's own watch events mostly carry the operator's writes (its status patches, kopf's finalizer):
 waking on them costs a pass per write that learns nothing new. What a pass reads from the TrainingRun and did
 not write itself is its generation (spec edits), `status.runtime` (the driver's reports, less the progress
-fields it sends about once a second) and the deletion mark; `saw` keeps those as the last pass read them and `is_news` tells whether a watch event changes them.
+fields it sends about once a second) and the deletion mark; `saw` keeps those as the last pass read them and
+`is_news` tells whether a watch event changes them.
 Every call here happens on the event loop (the kopf handlers that call it are coroutines): asyncio.Event is
 not thread-safe.
 """

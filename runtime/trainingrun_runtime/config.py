@@ -89,10 +89,7 @@ class TaskConfig(_Model):
     dataset_size: int = Field(
         default=4096,
         ge=1,
-        description=(
-            "Number of distinct prompts in one epoch; prompt i is derived from (seed, i). "
-            "Default 4096."
-        ),
+        description=("Number of distinct prompts in one epoch; prompt i is derived from (seed, i). Default 4096."),
     )
 
 
@@ -153,17 +150,23 @@ class TrainerConfig(_Model):
     sampler: SamplerConfig = Field(
         default=SamplerConfig(), description="Which groups a step trains on. Defaults as SamplerConfig."
     )
-    steps: int = Field(default=200, ge=1, description="Training steps (optimizer updates of the policy version). Default 200.")
+    steps: int = Field(
+        default=200, ge=1, description="Training steps (optimizer updates of the policy version). Default 200."
+    )
     prompts_per_step: int = Field(default=8, ge=1, description="Prompts (groups) trained per step. Default 8.")
     generation_workers: int = Field(default=2, ge=1, description="Ray generation actors. Default 2.")
-    seed: int = Field(default=0, ge=0, description="Root of every random draw (init, prompts, shuffles, samples). Default 0.")
+    seed: int = Field(
+        default=0, ge=0, description="Root of every random draw (init, prompts, shuffles, samples). Default 0."
+    )
     log_every: int = Field(default=10, ge=1, description="Log a progress line every N steps. Default 10.")
 
 
 class CheckpointConfig(_Model):
     """When checkpoints are written and which are kept."""
 
-    save_period: int = Field(default=10, ge=1, description="Write a checkpoint after every N training steps. Default 10.")
+    save_period: int = Field(
+        default=10, ge=1, description="Write a checkpoint after every N training steps. Default 10."
+    )
     keep_last: int = Field(default=3, ge=1, description="Keep the newest N complete checkpoints. Default 3.")
     keep_every: int | None = Field(
         default=None,
@@ -176,9 +179,7 @@ class RuntimeConfig(_Model):
     """Everything the driver needs: `{"trainer": {...}, "checkpoint": {...}}` (the `--config-json` value)."""
 
     trainer: TrainerConfig = Field(default=TrainerConfig(), description="The TrainingRun's spec.trainer.")
-    checkpoint: CheckpointConfig = Field(
-        default=CheckpointConfig(), description="Save period and retention."
-    )
+    checkpoint: CheckpointConfig = Field(default=CheckpointConfig(), description="Save period and retention.")
 
 
 MATH_FIELDS: tuple[str, ...] = (

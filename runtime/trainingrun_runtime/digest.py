@@ -29,7 +29,7 @@ import re
 
 from trainingrun_runtime.errors import DigestError
 
-__all__ = ["canonical_json", "sha256_hex", "check_digest"]
+__all__ = ["canonical_json", "check_digest", "sha256_hex"]
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -18,12 +18,12 @@ __all__ = ["now", "parse", "rfc3339"]
 
 def rfc3339(when: datetime.datetime, *, timespec: Literal["seconds", "milliseconds"] = "milliseconds") -> str:
     """`when` in UTC as RFC 3339 with a `Z`, to the second or the millisecond."""
-    return when.astimezone(datetime.timezone.utc).isoformat(timespec=timespec).replace("+00:00", "Z")
+    return when.astimezone(datetime.UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def now(*, timespec: Literal["seconds", "milliseconds"] = "milliseconds") -> str:
     """The current time as `rfc3339` writes it."""
-    return rfc3339(datetime.datetime.now(datetime.timezone.utc), timespec=timespec)
+    return rfc3339(datetime.datetime.now(datetime.UTC), timespec=timespec)
 
 
 def parse(text: str) -> datetime.datetime:
@@ -34,4 +34,4 @@ def parse(text: str) -> datetime.datetime:
         raise ValueError(f"{text!r} is not an RFC 3339 time") from None
     if when.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone (expected a Z or an offset)")
-    return when.astimezone(datetime.timezone.utc)
+    return when.astimezone(datetime.UTC)

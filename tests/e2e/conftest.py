@@ -55,17 +55,33 @@ class OperatorProcess:
     starts: int = field(default=0, init=False)
 
     def start(self) -> OperatorProcess:
-        env = {"PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin", "HOME": str(self.plane.workdir),
-               "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "INFO"}
+        env = {
+            "PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin",
+            "HOME": str(self.plane.workdir),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "INFO",
+        }
         liveness = f"http://127.0.0.1:{controlplane.free_port()}/healthz"
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
             log_file.flush()
             self.popen = subprocess.Popen(
-                [str(podrunner.VENV_BIN / "trainingrun"), "operator", "--kubeconfig", str(self.kubeconfig),
-                 "--liveness", liveness],
-                env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.plane.workdir,
-                start_new_session=True)
+                [
+                    str(podrunner.VENV_BIN / "trainingrun"),
+                    "operator",
+                    "--kubeconfig",
+                    str(self.kubeconfig),
+                    "--liveness",
+                    liveness,
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.plane.workdir,
+                start_new_session=True,
+            )
         self.starts += 1
         return self
 
@@ -94,9 +110,20 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     """Renders charts/trainingrun with helm and applies its RBAC objects (not the Deployment: the operator runs
     here as a local process). Returns the operator's ServiceAccount name."""
     rendered = subprocess.run(
-        [str(plane.binaries.path("helm")), "template", "trainingrun", str(CHART), "--namespace", namespace,
-         "--kube-version", plane.binaries.versions["K8S_VERSION"]],
-        capture_output=True, text=True, timeout=120)
+        [
+            str(plane.binaries.path("helm")),
+            "template",
+            "trainingrun",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            plane.binaries.versions["K8S_VERSION"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if rendered.returncode != 0:
         pytest.fail(f"helm template {CHART} failed: {rendered.stderr}", pytrace=False)
     objects = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc and doc.get("kind") in RBAC_KINDS]
@@ -106,14 +133,18 @@ def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:
     for obj in objects:
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             obj["metadata"].setdefault("namespace", namespace)
-    plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, *objects,
-                field_manager="trainingrun-e2e")
+    plane.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        *objects,
+        field_manager="trainingrun-e2e",
+    )
     return str(accounts[0])
 
 
 @pytest.fixture(scope="module")
-def trainingrun_operator(control_plane: controlplane.ControlPlane,
-                         full_loop: fullloop.FullLoopBed) -> Iterator[OperatorProcess]:
+def trainingrun_operator(
+    control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed
+) -> Iterator[OperatorProcess]:
     account = install_chart_rbac(control_plane, OPERATOR_NAMESPACE)
     kubeconfig = control_plane.service_account_kubeconfig(OPERATOR_NAMESPACE, account, expiration_seconds=6 * 3600)
     process = OperatorProcess(control_plane, kubeconfig, control_plane.workdir / "trainingrun-operator.log").start()
@@ -147,8 +178,9 @@ class Loop:
         """`waiting.wait` with this loop's diagnostics (the pod runner, KubeRay and our operator) on a timeout."""
         return waiting.wait(probe, timeout=timeout, what=what, diagnostics=self.diagnostics, interval=0.25)
 
-    def tiny_run(self, name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
-                 **trainer: Any) -> dict[str, Any]:
+    def tiny_run(
+        self, name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None, **trainer: Any
+    ) -> dict[str, Any]:
         return tiny_run(name, claim=claim, checkpoint=checkpoint, **trainer)
 
     def checkpoints_pvc(self, name: str) -> dict[str, Any]:
@@ -163,17 +195,23 @@ class Loop:
 
     def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
         """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
+
         def reached() -> dict[str, Any] | None:
             status = self.run_status(namespace, name)
             if status.get("phase") == "Failed" and phase != "Failed":
-                pytest.fail(f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
-                            f"attempts: {status.get('attempts')}\n{self.diagnostics()}", pytrace=False)
+                pytest.fail(
+                    f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
+                    f"attempts: {status.get('attempts')}\n{self.diagnostics()}",
+                    pytrace=False,
+                )
             return status if status.get("phase") == phase else None
+
         return self.wait(reached, timeout=timeout, what=f"run {name} {phase}")
 
 
-def tiny_run(name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None,
-             **trainer: Any) -> dict[str, Any]:
+def tiny_run(
+    name: str = "tiny", *, claim: str | None = None, checkpoint: dict[str, Any] | None = None, **trainer: Any
+) -> dict[str, Any]:
     """manifests/examples/tiny.yaml as shipped, renamed, with `trainer` and `checkpoint` fields overridden (shorter
     runs for the chaos tests), and with 8 logical CPUs for the head's Ray unless the example sets num-cpus: KubeRay
     derives num-cpus=2 from the example's CPU limit, and the driver's TransferQueue needs 3 slots (1 controller + 2
@@ -190,21 +228,36 @@ def tiny_run(name: str = "tiny", *, claim: str | None = None, checkpoint: dict[s
 
 
 def checkpoints_pvc(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
 
 
 def clean_up(plane: controlplane.ControlPlane, namespace: str) -> None:
     """Deletes the test's TrainingRuns and RayJobs while our operator and KubeRay still run to remove their
     finalizers; otherwise the namespace would hang in Terminating, and later tests' operators would find them."""
     for kind in ("trainingruns.trainingrun.dev", "rayjobs.ray.io"):
-        plane.kubectl("delete", kind, "--all", "-n", namespace, "--wait=true", "--timeout=90s",
-                      "--ignore-not-found", check=False, timeout=120)
+        plane.kubectl(
+            "delete",
+            kind,
+            "--all",
+            "-n",
+            namespace,
+            "--wait=true",
+            "--timeout=90s",
+            "--ignore-not-found",
+            check=False,
+            timeout=120,
+        )
 
 
 @pytest.fixture
-def loop(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
-         operator: OperatorProcess, namespace: str) -> Iterator[Loop]:
+def loop(
+    control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed, operator: OperatorProcess, namespace: str
+) -> Iterator[Loop]:
     yield Loop(control_plane, full_loop, operator)
     if not operator.alive():
         operator.start()
@@ -212,8 +265,9 @@ def loop(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopB
 
 
 @pytest.fixture
-def harness(control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed,
-            namespace: str) -> Iterator[Loop]:
+def harness(
+    control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed, namespace: str
+) -> Iterator[Loop]:
     """The bed without our operator (the KubeRay self-test does not need it)."""
     yield Loop(control_plane, full_loop)
     clean_up(control_plane, namespace)

@@ -32,13 +32,22 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 STEPS, PROMPTS = 12, 4
 CONFIG: dict[str, Any] = {
     "trainer": {
-        "steps": STEPS, "promptsPerStep": PROMPTS, "generationWorkers": 1, "seed": 7,
-        "grpo": {"groupSize": 4}, "task": {"datasetSize": 32},
+        "steps": STEPS,
+        "promptsPerStep": PROMPTS,
+        "generationWorkers": 1,
+        "seed": 7,
+        "grpo": {"groupSize": 4},
+        "task": {"datasetSize": 32},
     },
     "checkpoint": {"savePeriod": 2, "keepLast": 10},
 }
-KILLS = [("trained", 3, 2), ("policy_saved", 4, 2), ("data_plane_saved", 6, 4), ("manifest_written", 8, 6),
-         ("renamed", 10, 10)]
+KILLS = [
+    ("trained", 3, 2),
+    ("policy_saved", 4, 2),
+    ("data_plane_saved", 6, 4),
+    ("manifest_written", 8, 6),
+    ("renamed", 10, 10),
+]
 
 
 def _manifests(root: Path, run: str) -> dict[int, manifest.Manifest]:
@@ -55,12 +64,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     straight = launcher.start(run="straight", attempt=1, root=root, config=CONFIG, event_log=root / "straight.jsonl")
     assert straight.wait(600) == 0, straight.output()[-3000:]
     for attempt, (point, step, _) in enumerate(KILLS, start=1):
-        proc = launcher.start(run="killed", attempt=attempt, root=root, config=CONFIG, crash_at=f"{point}@{step}",
-                              event_log=root / "killed.jsonl")
+        proc = launcher.start(
+            run="killed",
+            attempt=attempt,
+            root=root,
+            config=CONFIG,
+            crash_at=f"{point}@{step}",
+            event_log=root / "killed.jsonl",
+        )
         proc.wait_for_marker(point, step, timeout=600)
         proc.kill()
-    final = launcher.start(run="killed", attempt=len(KILLS) + 1, root=root, config=CONFIG,
-                           event_log=root / "killed.jsonl")
+    final = launcher.start(
+        run="killed", attempt=len(KILLS) + 1, root=root, config=CONFIG, event_log=root / "killed.jsonl"
+    )
     assert final.wait(600) == 0, final.output()[-3000:]
     return root
 

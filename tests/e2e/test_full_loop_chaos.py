@@ -38,8 +38,9 @@ def recorded_by(loop: Loop, namespace: str, run: str, attempt: int) -> list[int]
 
 
 def head_name(loop: Loop, namespace: str, run: str, attempt: int) -> str:
-    pod = loop.wait(lambda: _live_head(loop, namespace, run, attempt), timeout=180,
-                    what=f"attempt {attempt}'s head pod")
+    pod = loop.wait(
+        lambda: _live_head(loop, namespace, run, attempt), timeout=180, what=f"attempt {attempt}'s head pod"
+    )
     return str(pod["metadata"]["name"])
 
 
@@ -53,8 +54,11 @@ def _live_head(loop: Loop, namespace: str, run: str, attempt: int) -> dict[str, 
 def run_directory(loop: Loop, namespace: str, claim: str, run: str) -> Path:
     """Where the run's checkpoints land on this machine: <PV hostPath>/<spec.checkpoint.path>/<run>."""
     volume = loop.bed.runner.claim_directory(namespace, claim)
-    found = loop.wait(lambda: next(iter(volume.glob(f"**/{run}")), None), timeout=300,
-                      what=f"the checkpoint directory of {run} on the volume")
+    found = loop.wait(
+        lambda: next(iter(volume.glob(f"**/{run}")), None),
+        timeout=300,
+        what=f"the checkpoint directory of {run} on the volume",
+    )
     return Path(found)
 
 
@@ -85,26 +89,44 @@ def reference_run(loop: Loop, rayjob: dict[str, Any], root: Path) -> subprocess.
         argv[argv.index(flag) + 1] = value
     home = root / "home"
     home.mkdir(parents=True)
-    env = {"PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
-           "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    log = open(root / "reference.log", "wb")  # noqa: SIM115 - closed with the process below
-    process = subprocess.Popen([str(podrunner.VENV_BIN / "python"), *argv[1:]], env=env, cwd=root,
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {
+        "PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    log = open(root / "reference.log", "wb")
+    process = subprocess.Popen(
+        [str(podrunner.VENV_BIN / "python"), *argv[1:]],
+        env=env,
+        cwd=root,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     return process
 
 
 def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(
-        loop: Loop, namespace: str, tmp_path: Path) -> None:
+    loop: Loop, namespace: str, tmp_path: Path
+) -> None:
     seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 2**31)
     rng = random.Random(seed)
     print(f"\nE2E_CHAOS_SEED={seed}")
     steps, save_period = 40, 5
-    loop.plane.apply(loop.checkpoints_pvc("rp-checkpoints"),
-                     loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
-                     namespace=namespace)
-    rayjob = loop.wait(lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"), timeout=60,
-                       what="attempt 1's RayJob")
+    loop.plane.apply(
+        loop.checkpoints_pvc("rp-checkpoints"),
+        loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
+        namespace=namespace,
+    )
+    rayjob = loop.wait(
+        lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"),
+        timeout=60,
+        what="attempt 1's RayJob",
+    )
     reference = reference_run(loop, rayjob, tmp_path)
     try:
         moments: list[str] = []
@@ -113,9 +135,10 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
         head = head_name(loop, namespace, "rp", 1)
         # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
         # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
-        loop.bed.runner.add_env({"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
-                                {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}"
-                                                                  for n in range(save_period, steps, save_period))})
+        loop.bed.runner.add_env(
+            {"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
+            {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}" for n in range(save_period, steps, save_period))},
+        )
         delay = rng.uniform(0, 3)
         time.sleep(delay)
         chaos.evict(loop.plane, namespace, head)
@@ -125,8 +148,11 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
         directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
         markers = directory / "crash-markers"
         head = head_name(loop, namespace, "rp", 2)
-        frozen = loop.wait(lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None), timeout=420,
-                           what="attempt 2's driver in the middle of a save")
+        frozen = loop.wait(
+            lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None),
+            timeout=420,
+            what="attempt 2's driver in the middle of a save",
+        )
         saving_step = int(frozen.name.rsplit("@", 1)[1])
         pending = json.loads((directory / f"tmp_step_{saving_step}" / "manifest.json").read_text())
         assert pending["attempt"] == 2 and pending["step"] == saving_step
@@ -156,7 +182,7 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
     assert [a["reason"] for a in ended[:3]] == ["Preempted"] * 3, ended
     assert final["restarts"]["preempted"] == 3 and final["attempt"]["number"] == 4
     print("steps lost per preemption:", [a.get("stepsLost") for a in ended[:3]], f"(save period {save_period})")
-    for earlier, later in zip(ended[:3], [*ended[1:3], final["attempt"]]):
+    for earlier, later in zip(ended[:3], [*ended[1:3], final["attempt"]], strict=True):
         assert later["resumedFrom"] is not None and later["resumedFrom"] >= (earlier.get("resumedFrom") or 0)
     assert ended[2]["resumedFrom"] < saving_step, (saving_step, ended)  # the interrupted save was never used
     latest = final["checkpoints"]["latest"]
@@ -165,41 +191,75 @@ def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterr
     assert latest["weightsSha256"] == uninterrupted["weights_sha256"], (latest, uninterrupted["weights_sha256"])
 
 
-def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
-        loop: Loop, namespace: str) -> None:
+def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(loop: Loop, namespace: str) -> None:
     steps, save_period = 30, 5
     # Retention off in effect (keepLast 50): until attempt 2's driver claims the directory, a live zombie's
     # retention can delete the step attempt 2 is pinned to resume from (seen: attempt 2 FailedRestore, run Failed).
-    loop.plane.apply(loop.checkpoints_pvc("zb-checkpoints"),
-                     loop.tiny_run("zb", claim="zb-checkpoints", steps=steps,
-                                   checkpoint={"savePeriod": save_period, "retention": {"keepLast": 50}}),
-                     namespace=namespace)
+    loop.plane.apply(
+        loop.checkpoints_pvc("zb-checkpoints"),
+        loop.tiny_run(
+            "zb",
+            claim="zb-checkpoints",
+            steps=steps,
+            checkpoint={"savePeriod": save_period, "retention": {"keepLast": 50}},
+        ),
+        namespace=namespace,
+    )
     loop.wait(lambda: recorded_by(loop, namespace, "zb", 1), timeout=420, what="attempt 1's first checkpoint")
     directory = run_directory(loop, namespace, "zb-checkpoints", "zb")
     # The node is cut off and paused: the head pod is force-deleted, its processes (Ray, the driver) stay, frozen.
-    zombie = chaos.partition(loop.plane, loop.bed.runner, namespace, head_name(loop, namespace, "zb", 1),
-                             freeze=True)
+    zombie = chaos.partition(loop.plane, loop.bed.runner, namespace, head_name(loop, namespace, "zb", 1), freeze=True)
     try:
-        started_2 = loop.wait(lambda: (s := loop.run_status(namespace, "zb")).get("attempt", {}).get("number") == 2
-                              and s, timeout=180, what="attempt 2 started")
+        started_2 = loop.wait(
+            lambda: (s := loop.run_status(namespace, "zb")).get("attempt", {}).get("number") == 2 and s,
+            timeout=180,
+            what="attempt 2 started",
+        )
         # From here on, nothing attempt 1 does may be recorded. The zombie wakes up and saves on.
         recorded_before = {(c["step"], c["attempt"]) for c in history(started_2)}
         on_disk_before = set(manifests(directory))
         chaos.thaw(zombie)
         zombie_step = loop.wait(
-            lambda: min((s for s, m in manifests(directory).items() if m["attempt"] == 1 and s not in on_disk_before),
-                        default=None),
-            timeout=180, what="the zombie to write a checkpoint after attempt 2 started")
+            lambda: min(
+                (s for s, m in manifests(directory).items() if m["attempt"] == 1 and s not in on_disk_before),
+                default=None,
+            ),
+            timeout=180,
+            what="the zombie to write a checkpoint after attempt 2 started",
+        )
         # A stale report with a valid token for the driver's identity, as a zombie whose token still works sends
         # it (the API server caches a token's authentication for 10 s, so even a pod-bound token outlives its pod).
         account = started_2["identity"]["serviceAccountName"]
         kubeconfig = loop.plane.service_account_kubeconfig(namespace, account)
-        stale = {"status": {"runtime": {
-            "attempt": 1, "step": 999, "updated": timestamps.now(), "finished": False,
-            "lastCheckpoint": {"step": 999, "path": "/checkpoints/zb/step_999", "attempt": 1,
-                               "time": timestamps.now()}}}}
-        patched = loop.plane.kubectl("patch", "trun", "zb", "-n", namespace, "--subresource=status",
-                                     "--type=merge", "-p", json.dumps(stale), kubeconfig=kubeconfig, check=False)
+        stale = {
+            "status": {
+                "runtime": {
+                    "attempt": 1,
+                    "step": 999,
+                    "updated": timestamps.now(),
+                    "finished": False,
+                    "lastCheckpoint": {
+                        "step": 999,
+                        "path": "/checkpoints/zb/step_999",
+                        "attempt": 1,
+                        "time": timestamps.now(),
+                    },
+                }
+            }
+        }
+        patched = loop.plane.kubectl(
+            "patch",
+            "trun",
+            "zb",
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(stale),
+            kubeconfig=kubeconfig,
+            check=False,
+        )
         assert patched.returncode == 0, patched.stderr  # RBAC lets the identity write; fencing must drop it
         # The volume's fence: attempt 2's driver claims the run directory (owner.json) before it restores; from
         # then on the zombie, still alive, writes no checkpoint (a save whose check passed just before the claim
@@ -209,8 +269,9 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
         loop.wait(lambda: recorded_by(loop, namespace, "zb", 2), timeout=420, what="attempt 2's first checkpoint")
         status = loop.run_status(namespace, "zb")
         late = [c for c in history(status) if c["attempt"] == 1 and (c["step"], 1) not in recorded_before]
-        assert not late, (f"zombie wrote step {zombie_step}; recorded after attempt 2 started: {late}\n"
-                          f"{loop.diagnostics()}")
+        assert not late, (
+            f"zombie wrote step {zombie_step}; recorded after attempt 2 started: {late}\n{loop.diagnostics()}"
+        )
         assert status["checkpoints"]["latest"]["attempt"] == 2
         after_claim = {s for s, m in manifests(directory).items() if m["attempt"] == 1} - by_zombie
         assert len(after_claim) <= 1, (sorted(by_zombie), sorted(after_claim))
@@ -222,12 +283,15 @@ def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(
 
 
 def test_our_operator_killed_during_an_attempt_leaves_no_duplicate_rayjob_and_the_run_finishes(
-        loop: Loop, namespace: str) -> None:
+    loop: Loop, namespace: str
+) -> None:
     assert loop.operator is not None
     steps, save_period = 30, 5
-    loop.plane.apply(loop.checkpoints_pvc("ok-checkpoints"),
-                     loop.tiny_run("ok", claim="ok-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
-                     namespace=namespace)
+    loop.plane.apply(
+        loop.checkpoints_pvc("ok-checkpoints"),
+        loop.tiny_run("ok", claim="ok-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
+        namespace=namespace,
+    )
     seen: set[str] = set()
 
     def rayjob_names() -> set[str]:
@@ -235,14 +299,22 @@ def test_our_operator_killed_during_an_attempt_leaves_no_duplicate_rayjob_and_th
         seen.update(names)
         return names
 
-    loop.wait(lambda: recorded_by(loop, namespace, "ok", 1) and rayjob_names(), timeout=420,
-              what="attempt 1 running and checkpointing")
+    loop.wait(
+        lambda: recorded_by(loop, namespace, "ok", 1) and rayjob_names(),
+        timeout=420,
+        what="attempt 1 running and checkpointing",
+    )
     loop.operator.kill()
     killed_at = max(recorded_by(loop, namespace, "ok", 1))
     # With the operator down, the driver goes on and reports into status.runtime itself.
-    loop.wait(lambda: rayjob_names() is not None and ((loop.run_status(namespace, "ok").get("runtime") or {})
-                                                      .get("step") or 0) > killed_at,
-              timeout=300, what="a checkpoint reported while the operator is down")
+    loop.wait(
+        lambda: (
+            rayjob_names() is not None
+            and ((loop.run_status(namespace, "ok").get("runtime") or {}).get("step") or 0) > killed_at
+        ),
+        timeout=300,
+        what="a checkpoint reported while the operator is down",
+    )
     loop.operator.start()
     final = loop.wait_phase(namespace, "ok", "Succeeded", timeout=600)
     rayjob_names()

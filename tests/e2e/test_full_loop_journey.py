@@ -28,7 +28,7 @@ def latest_step(status: dict[str, Any]) -> int | None:
 
 def printer_columns(loop: Loop, namespace: str, name: str) -> dict[str, str]:
     table = loop.plane.kubectl("get", "trun", name, "-n", namespace).stdout.splitlines()
-    return dict(zip(table[0].split(), table[1].split()))
+    return dict(zip(table[0].split(), table[1].split(), strict=True))
 
 
 def logged_progress(loop: Loop, namespace: str, pod: str) -> int | None:
@@ -39,31 +39,47 @@ def logged_progress(loop: Loop, namespace: str, pod: str) -> int | None:
     return max(steps) if steps else None
 
 
-def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_step(
-        loop: Loop, namespace: str) -> None:
+def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_step(loop: Loop, namespace: str) -> None:
     started = time.monotonic()
     run = loop.tiny_run("tiny")
     steps, save_period = run["spec"]["trainer"]["steps"], run["spec"]["checkpoint"]["savePeriod"]
     loop.plane.apply(loop.checkpoints_pvc("tiny-checkpoints"), run, namespace=namespace)
 
-    first = loop.wait(lambda: latest_step(loop.run_status(namespace, "tiny")), timeout=420,
-                      what="the first checkpoint recorded in status")
+    first = loop.wait(
+        lambda: latest_step(loop.run_status(namespace, "tiny")),
+        timeout=420,
+        what="the first checkpoint recorded in status",
+    )
     first_at = time.monotonic() - started
     # The driver reports progress between checkpoints (status.runtime.step): evict once it is 3 steps past the
     # recorded checkpoint, so the attempt history must show at least 3 steps lost.
-    reached = loop.wait(lambda: (r := loop.run_status(namespace, "tiny").get("runtime") or {}).get("attempt") == 1
-                        and r.get("step", 0) >= first + 3 and r["step"], timeout=120,
-                        what="a progress report 3 steps past the first checkpoint")
+    reached = loop.wait(
+        lambda: (
+            (r := loop.run_status(namespace, "tiny").get("runtime") or {}).get("attempt") == 1
+            and r.get("step", 0) >= first + 3
+            and r["step"]
+        ),
+        timeout=120,
+        what="a progress report 3 steps past the first checkpoint",
+    )
     head = chaos.head_pod(loop.plane, namespace, "trainingrun.dev/run=tiny,trainingrun.dev/attempt=1")
     chaos.evict(loop.plane, namespace, head["metadata"]["name"])
     evicted = time.monotonic()
 
-    rayjob_2 = loop.wait(lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/tiny-a2"),
-                         timeout=180, what="attempt 2's RayJob")
+    rayjob_2 = loop.wait(
+        lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/tiny-a2"),
+        timeout=180,
+        what="attempt 2's RayJob",
+    )
     to_attempt_2 = time.monotonic() - evicted
-    loop.wait(lambda: any(c["attempt"] == 2 for c in
-                          (loop.run_status(namespace, "tiny").get("checkpoints") or {}).get("history") or []),
-              timeout=420, what="attempt 2's first checkpoint")
+    loop.wait(
+        lambda: any(
+            c["attempt"] == 2
+            for c in (loop.run_status(namespace, "tiny").get("checkpoints") or {}).get("history") or []
+        ),
+        timeout=420,
+        what="attempt 2's first checkpoint",
+    )
     to_resumed_checkpoint = time.monotonic() - evicted
 
     final = loop.wait_phase(namespace, "tiny", "Succeeded", timeout=600)
@@ -71,16 +87,19 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     ended = final["attempts"][0]
     recorded_by_1 = max(c["step"] for c in final["checkpoints"]["history"] if c["attempt"] == 1)
     progress = logged_progress(loop, namespace, head["metadata"]["name"])
-    print(f"\nFIGURES journey_wall_s={journey:.1f} apply_to_first_checkpoint_s={first_at:.1f} "
-          f"eviction_to_attempt2_rayjob_s={to_attempt_2:.2f} "
-          f"eviction_to_attempt2_first_checkpoint_s={to_resumed_checkpoint:.1f} save_period={save_period} "
-          f"status_steps_lost={ended.get('stepsLost')} resumed_from={recorded_by_1} "
-          f"reported_step_at_eviction={reached} "
-          f"driver_logged_step_before_eviction={progress} "
-          f"steps_lost_by_driver_log={None if progress is None else max(0, progress - recorded_by_1)}")
+    print(
+        f"\nFIGURES journey_wall_s={journey:.1f} apply_to_first_checkpoint_s={first_at:.1f} "
+        f"eviction_to_attempt2_rayjob_s={to_attempt_2:.2f} "
+        f"eviction_to_attempt2_first_checkpoint_s={to_resumed_checkpoint:.1f} save_period={save_period} "
+        f"status_steps_lost={ended.get('stepsLost')} resumed_from={recorded_by_1} "
+        f"reported_step_at_eviction={reached} "
+        f"driver_logged_step_before_eviction={progress} "
+        f"steps_lost_by_driver_log={None if progress is None else max(0, progress - recorded_by_1)}"
+    )
 
-    waited = loop.plane.kubectl("wait", "--for=condition=Succeeded", "trun/tiny", "-n", namespace,
-                                "--timeout=30s", check=False)
+    waited = loop.plane.kubectl(
+        "wait", "--for=condition=Succeeded", "trun/tiny", "-n", namespace, "--timeout=30s", check=False
+    )
     assert waited.returncode == 0, waited.stderr
 
     columns = printer_columns(loop, namespace, "tiny")

@@ -34,18 +34,24 @@ import ray
 import torch
 import transfer_queue as tq  # type: ignore[import-untyped]
 
+from support import saving
 from trainingrun_runtime import digest
 from trainingrun_runtime.dataplane import checkpointer
-from trainingrun_runtime.storage import commit, files, layout
-
-from support import saving
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
-from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer, SAVE_STAGES
-from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneToken
+from trainingrun_runtime.dataplane.checkpointer import (
+    SAVE_STAGES,
+    DataPlaneCheckpointer,
+)
+from trainingrun_runtime.dataplane.lifecycle import (
+    BootstrapDataPlane,
+    ConnectOnlyDataPlane,
+    DataPlaneToken,
+)
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
+from trainingrun_runtime.storage import commit, files, layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -139,7 +145,8 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def run_child(entry: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    code = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; import test_checkpointer as t; t.{entry}(*sys.argv[1:])"
+    path = [str(HERE), str(HERE.parent)]
+    code = f"import sys; sys.path[:0] = {path!r}; import test_checkpointer as t; t.{entry}(*sys.argv[1:])"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env)
@@ -148,9 +155,7 @@ def run_child(entry: str, *args: str, timeout: float = 240) -> subprocess.Comple
 # -- save here, restore in a new process ---------------------------------------------------------------
 
 
-async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactly(
-    plane: Plane, tmp_path: Path
-) -> None:
+async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactly(plane: Plane, tmp_path: Path) -> None:
     client = plane.client
     buffer, barrier = new_buffer(client, TRAIN)
     await add_groups(buffer, range(6))
@@ -163,8 +168,8 @@ async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactl
     assert consumed.size == 4
     saver = DataPlaneCheckpointer(tmp_path, RUN, dataplane=client, buffer=buffer, barrier=barrier)
     restart = {"loader": {"epoch": 0, "position": 17}, "sampler": {"step": 3}, "ledger": [[5, "in_flight"]]}
-    step1, snap = await saving.save(saver, 
-        1, attempt=2, config_hash="cfg", capture=lambda: restart, weights_sha256="ab" * 32, extra={"note": "one"}
+    step1, snap = await saving.save(
+        saver, 1, attempt=2, config_hash="cfg", capture=lambda: restart, weights_sha256="ab" * 32, extra={"note": "one"}
     )
     assert snap.groups == 5 and snap.rows == 20 and snap.exclusive_s >= snap.snapshot_s > 0
     expected = observe(client, "train", buffer.metadata_state_dict())
@@ -225,9 +230,7 @@ def child_restore(root: str, out: str) -> None:
 
 
 @pytest.mark.parametrize("drift", ["row-not-indexed", "indexed-row-missing"])
-async def test_an_inventory_mismatch_leaves_no_step(
-    plane: Plane, tmp_path: Path, drift: str
-) -> None:
+async def test_an_inventory_mismatch_leaves_no_step(plane: Plane, tmp_path: Path, drift: str) -> None:
     client = plane.client
     config = ReplayConfig(f"drift-{drift}", 2, 8)
     buffer, barrier = new_buffer(client, config)
@@ -290,7 +293,8 @@ CORRUPTIONS: dict[str, tuple[Any, str, int]] = {
     # name: (damage step_2 (its path, the run dir), regex for the refusal, step selected instead)
     "truncated-storage-file": (
         lambda s, r: (lambda f: f.write_bytes(f.read_bytes()[:-100]))(next(s.glob("data_plane/simple_storage/su_0_*"))),
-        r"step_2/data_plane/simple_storage/su_0_TQ_STORAGE_UNIT_\w+\.pkl: truncated \(\d+ bytes, the manifest says \d+\)",
+        r"step_2/data_plane/simple_storage/su_0_TQ_STORAGE_UNIT_\w+\.pkl: "
+        r"truncated \(\d+ bytes, the manifest says \d+\)",
         1,
     ),
     "flipped-byte": (
@@ -366,7 +370,9 @@ def test_sigkill_between_any_two_save_steps_leaves_the_new_checkpoint_or_the_pre
     # Savers fork from one server that imported torch, Ray and TransferQueue once (before any thread or
     # Ray connection exists); each then attaches to this module's Ray and TransferQueue on its own.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ray", "transfer_queue", "trainingrun_runtime.dataplane.checkpointer", "test_checkpointer"])
+    ctx.set_forkserver_preload(
+        ["torch", "ray", "transfer_queue", "trainingrun_runtime.dataplane.checkpointer", "test_checkpointer"]
+    )
     for i, stage in enumerate(SAVE_STAGES):
         root = tmp_path / stage
         partition = f"crash{i}"

@@ -43,65 +43,108 @@ def rayjob(name: str, *, with_template: bool = True) -> dict[str, Any]:
     if with_template:
         head["template"] = {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}}
     return {
-        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-        "spec": {"entrypoint": "python -m trainingrun_runtime --help", "backoffLimit": 0,
-                 "shutdownAfterJobFinishes": True,
-                 "rayClusterSpec": {"rayVersion": "2.60.0", "headGroupSpec": head}},
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": name},
+        "spec": {
+            "entrypoint": "python -m trainingrun_runtime --help",
+            "backoffLimit": 0,
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {"rayVersion": "2.60.0", "headGroupSpec": head},
+        },
     }
 
 
 def pod(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "fake.invalid/none:0"}], **spec}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "fake.invalid/none:0"}], **spec},
+    }
 
 
 def test_a_namespace_service_account_role_and_binding_grant_exactly_the_role(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     control_plane.apply(
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"k": "v"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "configmap-reader"},
-         "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "reader"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-reader"},
-         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]},
-        namespace=namespace)
-    listed = control_plane.kubectl("get", "-n", namespace, "serviceaccount/reader", "role/configmap-reader",
-                                   "rolebinding/reader", "-o", "name").stdout.split()
-    assert listed == ["serviceaccount/reader", "role.rbac.authorization.k8s.io/configmap-reader",
-                      "rolebinding.rbac.authorization.k8s.io/reader"]
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "configmap-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "configmap-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+        namespace=namespace,
+    )
+    listed = control_plane.kubectl(
+        "get", "-n", namespace, "serviceaccount/reader", "role/configmap-reader", "rolebinding/reader", "-o", "name"
+    ).stdout.split()
+    assert listed == [
+        "serviceaccount/reader",
+        "role.rbac.authorization.k8s.io/configmap-reader",
+        "rolebinding.rbac.authorization.k8s.io/reader",
+    ]
 
     reader = control_plane.service_account_kubeconfig(namespace, "reader")
-    allowed = control_plane.kubectl("get", "configmap", "settings", "-n", namespace, "-o", "jsonpath={.data.k}",
-                                    kubeconfig=reader)
+    allowed = control_plane.kubectl(
+        "get", "configmap", "settings", "-n", namespace, "-o", "jsonpath={.data.k}", kubeconfig=reader
+    )
     assert allowed.stdout == "v"
     denied = control_plane.kubectl("get", "secrets", "-n", namespace, kubeconfig=reader, check=False)
     assert denied.returncode != 0
     assert f'User "system:serviceaccount:{namespace}:reader" cannot list resource "secrets"' in denied.stderr
-    whoami = control_plane.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}",
-                                   kubeconfig=reader)
+    whoami = control_plane.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", kubeconfig=reader)
     assert whoami.stdout == f"system:serviceaccount:{namespace}:reader"
 
 
 def test_a_status_role_limited_by_resource_names_lets_a_minted_token_patch_only_that_run(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
-    control_plane.apply(trainingrun("run-a"), trainingrun("run-b"),
-          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "driver"}},
-          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "run-a-status"},
-           "rules": [{"apiGroups": [GROUP], "resources": ["trainingruns/status"], "resourceNames": ["run-a"],
-                      "verbs": ["get", "patch"]}]},
-          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "driver"},
-           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "run-a-status"},
-           "subjects": [{"kind": "ServiceAccount", "name": "driver", "namespace": namespace}]},
-          namespace=namespace)
-    driver = client.CustomObjectsApi(control_plane.api_client(control_plane.service_account_kubeconfig(
-        namespace, "driver")))
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
+    control_plane.apply(
+        trainingrun("run-a"),
+        trainingrun("run-b"),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "driver"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "run-a-status"},
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "resources": ["trainingruns/status"],
+                    "resourceNames": ["run-a"],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "driver"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "run-a-status"},
+            "subjects": [{"kind": "ServiceAccount", "name": "driver", "namespace": namespace}],
+        },
+        namespace=namespace,
+    )
+    driver = client.CustomObjectsApi(
+        control_plane.api_client(control_plane.service_account_kubeconfig(namespace, "driver"))
+    )
     report = {"status": {"runtime": {"attempt": 1, "step": 5, "reward": 0.25, "finished": False}}}
 
     def patch_status(name: str) -> int:
         try:
             _, status, _ = driver.patch_namespaced_custom_object_status_with_http_info(
-                GROUP, VERSION, namespace, PLURAL, name, report, _content_type="application/merge-patch+json")
+                GROUP, VERSION, namespace, PLURAL, name, report, _content_type="application/merge-patch+json"
+            )
         except ApiException as err:
             return int(err.status)
         return int(status)
@@ -114,22 +157,44 @@ def test_a_status_role_limited_by_resource_names_lets_a_minted_token_patch_only_
     assert stored_b is not None and "runtime" not in stored_b.get("status", {})
     # The role names the status subresource only: the run's spec stays out of the driver's reach.
     with pytest.raises(ApiException) as spec_patch:
-        driver.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "run-a", {"spec": {"suspend": True}},
-                                              _content_type="application/merge-patch+json")
+        driver.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            "run-a",
+            {"spec": {"suspend": True}},
+            _content_type="application/merge-patch+json",
+        )
     assert spec_patch.value.status == 403
 
 
 def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_columns(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     crds = sorted((REPO / "manifests" / "crd").glob("*.yaml"))
     assert [p.name for p in crds] == ["trainingrun.dev_trainingruns.yaml"]
     installed = control_plane.install_crds(crds)
     assert installed == ["customresourcedefinition.apiextensions.k8s.io/trainingruns.trainingrun.dev"]
     control_plane.apply(trainingrun("columns"), namespace=namespace)
-    status = {"phase": "Running", "reason": "AttemptRunning", "attempt": {"number": 2},
-              "restarts": {"total": 1, "preempted": 1}, "checkpoints": {"latest": {"step": 15, "attempt": 2}}}
-    control_plane.kubectl("patch", "trun", "columns", "-n", namespace, "--subresource=status", "--type=merge",
-                          "-p", json.dumps({"status": status}))
+    status = {
+        "phase": "Running",
+        "reason": "AttemptRunning",
+        "attempt": {"number": 2},
+        "restarts": {"total": 1, "preempted": 1},
+        "checkpoints": {"latest": {"step": 15, "attempt": 2}},
+    }
+    control_plane.kubectl(
+        "patch",
+        "trun",
+        "columns",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
 
     table = control_plane.kubectl("get", "trun", "columns", "-n", namespace).stdout.splitlines()
     assert table[0].split() == ["NAME", "PHASE", "STEP", "ATTEMPT", "RESTARTS", "AGE"]
@@ -142,40 +207,54 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
 
 
 def test_kuberay_schema_accepts_a_well_formed_rayjob_and_rejects_one_without_a_head_template(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     control_plane.apply(rayjob("well-formed"), namespace=namespace)
     stored = control_plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/well-formed")
     assert stored is not None and stored["spec"]["backoffLimit"] == 0
     assert stored["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["name"] == "ray-head"
 
-    rejected = control_plane.kubectl("apply", "-n", namespace, "-f", "-", check=False,
-                                     input=json.dumps(rayjob("no-template", with_template=False)))
+    rejected = control_plane.kubectl(
+        "apply", "-n", namespace, "-f", "-", check=False, input=json.dumps(rayjob("no-template", with_template=False))
+    )
     assert rejected.returncode != 0
     assert "spec.rayClusterSpec.headGroupSpec.template: Required value" in rejected.stderr
     assert control_plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/no-template") is None
 
 
 def test_deleting_a_trainingrun_garbage_collects_the_rayjob_it_owns(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     control_plane.apply(trainingrun("owner"), namespace=namespace)
     owner = control_plane.get(run_path(namespace, "owner"))
     assert owner is not None
     owned = rayjob("owner-a1")
-    owned["metadata"]["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingRun",
-                                             "name": "owner", "uid": owner["metadata"]["uid"], "controller": True,
-                                             "blockOwnerDeletion": True}]
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingRun",
+            "name": "owner",
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     control_plane.apply(owned, rayjob("bystander"), namespace=namespace)
     rayjobs = f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs"
     assert control_plane.get(f"{rayjobs}/owner-a1") is not None
 
     control_plane.kubectl("delete", "trun", "owner", "-n", namespace, "--wait=true")
-    waiting.wait(lambda: control_plane.get(f"{rayjobs}/owner-a1") is None, timeout=60,
-                 what="the garbage collector to delete the owned RayJob")
+    waiting.wait(
+        lambda: control_plane.get(f"{rayjobs}/owner-a1") is None,
+        timeout=60,
+        what="the garbage collector to delete the owned RayJob",
+    )
     assert control_plane.get(f"{rayjobs}/bystander") is not None  # no owner, so not collected
 
 
 def test_a_pod_scheduled_onto_a_kwok_node_runs_and_an_eviction_removes_it(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     core = client.CoreV1Api(control_plane.api_client())
     control_plane.apply(pod("evictee", nodeSelector={"type": "kwok"}), namespace=namespace)
 
@@ -189,14 +268,19 @@ def test_a_pod_scheduled_onto_a_kwok_node_runs_and_an_eviction_removes_it(
     assert (controlplane.condition(scheduled, "Ready") or {}).get("status") == "True"
 
     _, status, _ = core.create_namespaced_pod_eviction_with_http_info(
-        "evictee", namespace, client.V1Eviction(metadata=client.V1ObjectMeta(name="evictee", namespace=namespace)))
+        "evictee", namespace, client.V1Eviction(metadata=client.V1ObjectMeta(name="evictee", namespace=namespace))
+    )
     assert status == 201
-    waiting.wait(lambda: control_plane.get(f"/api/v1/namespaces/{namespace}/pods/evictee") is None, timeout=60,
-                 what="the evicted pod to be gone")
+    waiting.wait(
+        lambda: control_plane.get(f"/api/v1/namespaces/{namespace}/pods/evictee") is None,
+        timeout=60,
+        what="the evicted pod to be gone",
+    )
 
 
 def test_a_node_that_stops_heartbeating_turns_unknown_and_its_pods_not_ready(
-        control_plane: controlplane.ControlPlane, namespace: str) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str
+) -> None:
     """The node's own kwok process plays its kubelet; stopping it is the node dying. The node lifecycle
     controller then sets the node's Ready condition to Unknown, taints it unreachable, marks its pods not Ready
     (with a NodeNotReady event) and leaves their phase Running: what the operator sees on a real node loss
@@ -206,8 +290,17 @@ def test_a_node_that_stops_heartbeating_turns_unknown_and_its_pods_not_ready(
         try:
             _the_node_dies(control_plane, namespace, node)
         finally:
-            control_plane.kubectl("delete", "pod", "on-doomed-node", "-n", namespace, "--force", "--grace-period=0",
-                                  "--ignore-not-found", check=False)
+            control_plane.kubectl(
+                "delete",
+                "pod",
+                "on-doomed-node",
+                "-n",
+                namespace,
+                "--force",
+                "--grace-period=0",
+                "--ignore-not-found",
+                check=False,
+            )
 
 
 def _the_node_dies(control_plane: controlplane.ControlPlane, namespace: str, node: controlplane.LoneNode) -> None:
@@ -229,8 +322,11 @@ def _the_node_dies(control_plane: controlplane.ControlPlane, namespace: str, nod
     assert node_ready["reason"] == "NodeStatusUnknown"
     waiting.wait(lambda: pod_ready() == "False", timeout=30, what="the pod's Ready condition to turn False")
     events = f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3Don-doomed-node"
-    waiting.wait(lambda: any(e.get("reason") == "NodeNotReady" for e in (control_plane.get(events) or {})["items"]),
-                 timeout=30, what="a NodeNotReady event on the pod")
+    waiting.wait(
+        lambda: any(e.get("reason") == "NodeNotReady" for e in (control_plane.get(events) or {})["items"]),
+        timeout=30,
+        what="a NodeNotReady event on the pod",
+    )
     stored = control_plane.get(pod_path)
     assert stored is not None and stored["status"]["phase"] == "Running"  # nobody reports it dead yet
 

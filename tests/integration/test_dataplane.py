@@ -22,11 +22,15 @@ import torch
 import transfer_queue
 
 from trainingrun_runtime.dataplane import snapshot, storage_unit
-from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane, DataPlaneToken
+from trainingrun_runtime.dataplane.lifecycle import (
+    BootstrapDataPlane,
+    ConnectOnlyDataPlane,
+    DataPlaneToken,
+)
 from trainingrun_runtime.dataplane.replay_index import GroupRows
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
-from trainingrun_runtime.storage import files
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, RestoreRefused
+from trainingrun_runtime.storage import files
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -101,9 +105,8 @@ class Intruder:
 
     def write(self, partition: str) -> int:
         import torch as t
-        from tensordict import TensorDict
-
         import transfer_queue as tq
+        from tensordict import TensorDict
 
         tq.init()  # attaches to the running controller
         tq.kv_batch_put(keys=["a", "b"], partition_id=partition, fields=TensorDict({"x": t.ones(2, 3)}, batch_size=2))
@@ -146,7 +149,7 @@ def test_a_connect_only_client_cannot_be_built_without_a_restore_token(planes: P
     boot = planes.pristine()
     with pytest.raises(TypeError, match="connect\\(token\\)"):
         ConnectOnlyDataPlane()
-    with pytest.raises(TypeError, match="issued only by BootstrapDataPlane.load_checkpoint"):
+    with pytest.raises(TypeError, match=r"issued only by BootstrapDataPlane\.load_checkpoint"):
         DataPlaneToken("0" * 32, "fresh", None)
     with pytest.raises(TypeError, match="needs the DataPlaneToken"):
         ConnectOnlyDataPlane.connect("restored")  # type: ignore[arg-type]
@@ -219,8 +222,15 @@ def test_groups_are_put_read_back_overwritten_and_cleared(planes: Planes) -> Non
         ),
         (lambda c, g: c.put_groups("whole", groups_of("y", 1, 2), {"x": torch.ones(3)}), "first dimension must be 2"),
     ],
-    ids=["partial-update", "partial-clear", "wrong-group", "duplicate-put", "partly-duplicate-put", "reserved-tag",
-         "wrong-batch"],  # fmt: skip
+    ids=[
+        "partial-update",
+        "partial-clear",
+        "wrong-group",
+        "duplicate-put",
+        "partly-duplicate-put",
+        "reserved-tag",
+        "wrong-batch",
+    ],
 )
 def test_puts_overwrites_and_clears_must_cover_whole_groups(planes: Planes, call: Any, message: str) -> None:
     _, client = planes.live()
@@ -393,5 +403,5 @@ def test_start_fails_fast_when_ray_lacks_cpu_slots(planes: Planes) -> None:
 
 def test_the_storage_fix_refuses_another_transferqueue_version(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(transfer_queue, "__version__", "0.1.12")
-    with pytest.raises(DataPlaneError, match="transferqueue 0.1.12 is installed but .* relies on 0.1.11"):
+    with pytest.raises(DataPlaneError, match=r"transferqueue 0\.1\.12 is installed but .* relies on 0\.1\.11"):
         storage_unit.install()

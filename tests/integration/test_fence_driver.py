@@ -7,7 +7,6 @@ refused before it begins, it writes no further checkpoint and exits 1 naming the
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 CONFIG: dict[str, Any] = {
     "trainer": {
-        "steps": 60, "promptsPerStep": 4, "generationWorkers": 1, "logEvery": 1,
-        "grpo": {"groupSize": 4}, "task": {"datasetSize": 64},
+        "steps": 60,
+        "promptsPerStep": 4,
+        "generationWorkers": 1,
+        "logEvery": 1,
+        "grpo": {"groupSize": 4},
+        "task": {"datasetSize": 64},
     },
     "checkpoint": {"savePeriod": 2, "keepLast": 100},
 }
@@ -72,8 +75,10 @@ def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops
     """The local supervisor's status.json plays the operator here (the Kubernetes reporter reads the CR's status)."""
     run_dir = layout.run_dir(tmp_path, "pinned")
     run_dir.mkdir(parents=True)
-    status = {"attempt": {"number": 1, "start": "t"},
-              "checkpoints": {"latest": {"step": 2, "path": str(run_dir / "step_2"), "attempt": 1, "time": "t"}}}
+    status = {
+        "attempt": {"number": 1, "start": "t"},
+        "checkpoints": {"latest": {"step": 2, "path": str(run_dir / "step_2"), "attempt": 1, "time": "t"}},
+    }
     (run_dir / "status.json").write_text(json.dumps(status))
     config = json.loads(json.dumps(CONFIG))
     config["checkpoint"] = {"savePeriod": 2, "keepLast": 1}
@@ -81,8 +86,12 @@ def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops
     try:
         wait_for_step(proc, run_dir, 10)
         # Step 10's retention ran once steps 4 to 8 are gone (keepLast 1); what it kept is the point.
-        kept = waiting.wait(lambda: on_disk if not (on_disk := steps_on_disk(run_dir)) & {4, 6, 8} else None, timeout=60,
-                            what="retention after step 10", diagnostics=lambda: str(sorted(steps_on_disk(run_dir))))
+        kept = waiting.wait(
+            lambda: on_disk if not (on_disk := steps_on_disk(run_dir)) & {4, 6, 8} else None,
+            timeout=60,
+            what="retention after step 10",
+            diagnostics=lambda: str(sorted(steps_on_disk(run_dir))),
+        )
         assert 2 in kept, kept  # the pinned step survives keepLast 1
         assert 4 not in kept and 6 not in kept, kept  # the others go as usual
         status["attempt"]["end"] = "t2"  # the operator ends attempt 1 (say, its pod is being evicted)

@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from test_operator_double import REPO, Cluster, InProcessOperator, KubeRayDouble, eventually, tiny_run
-from test_operator_double import cluster, kuberay  # noqa: F401  (fixtures)
+from support.operator_double import (
+    REPO,
+    Cluster,
+    InProcessOperator,
+    KubeRayDouble,
+    eventually,
+    tiny_run,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +31,9 @@ def helm(control_plane: Any, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def render(control_plane: Any, release: str, namespace: str, *sets: str) -> str:
-    result = helm(control_plane, "template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.0", *sets)
+    result = helm(
+        control_plane, "template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.0", *sets
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -40,7 +48,12 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
     rendered = render(control_plane, "dry", namespace, "--set", f"watchNamespaces={{{namespace}}}", "--include-crds")
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered) if d)
     assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "NetworkPolicy", "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "NetworkPolicy",
+        "ServiceAccount",
     ]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
@@ -49,7 +62,9 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
 def test_manifests_do_not_drift_from_the_chart(control_plane: Any) -> None:
     result = subprocess.run(
         [sys.executable, str(REPO / "operator" / "sync_manifests.py"), "--check"],
-        capture_output=True, text=True, env={"HELM": str(control_plane.bin_dir / "helm"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        env={"HELM": str(control_plane.bin_dir / "helm"), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
 
@@ -58,8 +73,20 @@ def test_the_operator_runs_the_preemption_journey_with_only_the_charts_rbac(
     control_plane: Any, namespace: str, cluster: Cluster, kuberay: KubeRayDouble, caplog: pytest.LogCaptureFixture
 ) -> None:
     release = f"lp-{namespace[-5:]}"
-    rendered = render(control_plane, release, namespace, "--set", f"watchNamespaces={{{namespace}}}", "--set", "networkPolicy.enabled=false")
-    rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    rendered = render(
+        control_plane,
+        release,
+        namespace,
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--set",
+        "networkPolicy.enabled=false",
+    )
+    rbac = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    ]
     assert len(rbac) == 3
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     sa = next(d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount")
@@ -73,7 +100,9 @@ def test_the_operator_runs_the_preemption_journey_with_only_the_charts_rbac(
         cluster.report("tiny", attempt=1, step=10)
         eventually(lambda: (cluster.status("tiny").get("checkpoints") or {}).get("latest"), what="checkpoint recorded")
         kuberay.preempt_head("tiny-a1")
-        job = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 created by the least-privileged operator")
+        job = eventually(
+            lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 created by the least-privileged operator"
+        )
         assert "--resume 10" in job["spec"]["entrypoint"]
         control_plane.kubectl("delete", "trun", "tiny", "-n", namespace, "--wait=true", "--timeout=45s")
         eventually(lambda: not cluster.rayjobs(), what="RayJobs removed on deletion")

@@ -20,8 +20,15 @@ from typing import Any
 
 import pytest
 
-from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, args_of, eventually, phase_is, tiny_run
-from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
+from support.operator_double import (
+    Cluster,
+    InProcessOperator,
+    KubeRayDouble,
+    args_of,
+    eventually,
+    phase_is,
+    tiny_run,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -74,7 +81,10 @@ def doomed_node(control_plane: Any) -> Iterator[tuple[str, Any]]:
 
 
 def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_waits_for_the_old_pods(
-    control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator,
+    control_plane: Any,
+    cluster: Cluster,
+    kuberay: KubeRayDouble,
+    operator: InProcessOperator,
     doomed_node: tuple[str, Any],
 ) -> None:
     node, kubelet = doomed_node
@@ -86,7 +96,8 @@ def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_wait
     kubelet.stop()  # the node stops heartbeating; the node lifecycle controller marks it Unknown after its grace
     ended = eventually(
         lambda: (lambda a: a if a and a[0].get("end") else None)(cluster.status("tiny").get("attempts")),
-        timeout=120, what="attempt 1 ended after its node stopped heartbeating",
+        timeout=120,
+        what="attempt 1 ended after its node stopped heartbeating",
     )
     assert ended[0]["reason"] == "Preempted", ended[0]
     assert f"node {node}" in ended[0]["message"] and "not Ready" in ended[0]["message"], ended[0]
@@ -97,11 +108,15 @@ def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_wait
     eventually(lambda: cluster.rayjob("tiny-a1") is None, what="attempt 1's RayJob deleted")
 
     # Nobody confirms the pods' end on a dead node: they stay, Terminating, and attempt 2 must not start.
-    assert all(p.metadata.deletion_timestamp for p in eventually(
-        lambda: (lambda ps: ps if ps and all(p.metadata.deletion_timestamp for p in ps) else None)(
-            cluster.pods("trainingrun.dev/attempt=1")),
-        what="attempt 1's pods Terminating (the garbage collector followed the RayJob's deletion)",
-    ))
+    assert all(
+        p.metadata.deletion_timestamp
+        for p in eventually(
+            lambda: (lambda ps: ps if ps and all(p.metadata.deletion_timestamp for p in ps) else None)(
+                cluster.pods("trainingrun.dev/attempt=1")
+            ),
+            what="attempt 1's pods Terminating (the garbage collector followed the RayJob's deletion)",
+        )
+    )
     assert stays_absent(cluster, "tiny-a2", seconds=4), "attempt 2 was created while attempt 1's pods remained"
     assert cluster.status("tiny")["phase"] == "Restarting"
 
@@ -122,7 +137,12 @@ def test_a_rayjob_suspended_by_a_queue_is_preempted_and_attempt_two_resumes_from
 
     # What Kueue does to a workload it preempts: spec.suspend on the job (then KubeRay tears the cluster down).
     cluster.custom.patch_namespaced_custom_object(
-        "ray.io", "v1", cluster.namespace, "rayjobs", "tiny-a1", {"spec": {"suspend": True}},
+        "ray.io",
+        "v1",
+        cluster.namespace,
+        "rayjobs",
+        "tiny-a1",
+        {"spec": {"suspend": True}},
         _content_type="application/merge-patch+json",
     )
     job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after the queue suspended attempt 1")
@@ -147,12 +167,20 @@ def test_a_suspended_run_keeps_its_checkpoints_and_budgets_and_resumes_from_the_
     running_with_checkpoint(cluster, kuberay, step=10)
 
     cluster.custom.patch_namespaced_custom_object(
-        "trainingrun.dev", "v1alpha1", cluster.namespace, "trainingruns", "tiny", {"spec": {"suspend": True}},
+        "trainingrun.dev",
+        "v1alpha1",
+        cluster.namespace,
+        "trainingruns",
+        "tiny",
+        {"spec": {"suspend": True}},
         _content_type="application/merge-patch+json",
     )
     status = eventually(lambda: phase_is(cluster, "tiny", "Suspended"), what="phase Suspended")
     suspended = condition(status, "Suspended")
-    assert suspended["status"] == "True" and suspended["observedGeneration"] == cluster.run("tiny")["metadata"]["generation"]
+    assert (
+        suspended["status"] == "True"
+        and suspended["observedGeneration"] == cluster.run("tiny")["metadata"]["generation"]
+    )
     assert condition(status, "Running")["status"] == "False"
     eventually(lambda: cluster.rayjob("tiny-a1") is None, what="attempt 1's RayJob deleted")
     eventually(lambda: not cluster.pods("trainingrun.dev/attempt=1"), what="attempt 1's pods gone")
@@ -167,7 +195,12 @@ def test_a_suspended_run_keeps_its_checkpoints_and_budgets_and_resumes_from_the_
     assert {"Suspended", "DeletedRayJob"} <= set(cluster.events("tiny"))
 
     cluster.custom.patch_namespaced_custom_object(
-        "trainingrun.dev", "v1alpha1", cluster.namespace, "trainingruns", "tiny", {"spec": {"suspend": False}},
+        "trainingrun.dev",
+        "v1alpha1",
+        cluster.namespace,
+        "trainingruns",
+        "tiny",
+        {"spec": {"suspend": False}},
         _content_type="application/merge-patch+json",
     )
     job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after unsuspending")

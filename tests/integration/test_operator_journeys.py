@@ -7,8 +7,15 @@ from typing import Any
 
 import pytest
 
-from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, args_of, eventually, phase_is, tiny_run
-from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
+from support.operator_double import (
+    Cluster,
+    InProcessOperator,
+    KubeRayDouble,
+    args_of,
+    eventually,
+    phase_is,
+    tiny_run,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -23,12 +30,22 @@ def test_an_applied_run_gets_a_rayjob_with_owner_labels_and_driver_entrypoint(
     run = cluster.apply_run(tiny_run())
     job = eventually(lambda: cluster.rayjob("tiny-a1"), what="RayJob tiny-a1")
     (owner,) = job["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("TrainingRun", "tiny", run["metadata"]["uid"], True)
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "TrainingRun",
+        "tiny",
+        run["metadata"]["uid"],
+        True,
+    )
     assert job["metadata"]["labels"]["trainingrun.dev/run"] == "tiny"
     assert job["metadata"]["labels"]["trainingrun.dev/attempt"] == "1"
     assert (job["spec"]["backoffLimit"], job["spec"]["shutdownAfterJobFinishes"]) == (0, True)
     args = args_of(job)
-    assert (args["--run"], args["--namespace"], args["--attempt"], args["--resume"]) == ("tiny", cluster.namespace, "1", "latest")
+    assert (args["--run"], args["--namespace"], args["--attempt"], args["--resume"]) == (
+        "tiny",
+        cluster.namespace,
+        "1",
+        "latest",
+    )
     status = cluster.status("tiny")
     assert status["phase"] == "Starting"
     assert status["identity"]["serviceAccountName"] == "tiny-driver"
@@ -58,7 +75,15 @@ def test_preemption_leads_to_attempt_two_resuming_from_the_recorded_step_with_th
     kuberay.start("tiny-a2")
     eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 2 Running")
     reasons = cluster.events("tiny")
-    assert {"AttemptStarted", "CreatedRayJob", "AttemptRunning", "CheckpointRecorded", "Preempted", "Restarting", "DeletedRayJob"} <= set(reasons)
+    assert {
+        "AttemptStarted",
+        "CreatedRayJob",
+        "AttemptRunning",
+        "CheckpointRecorded",
+        "Preempted",
+        "Restarting",
+        "DeletedRayJob",
+    } <= set(reasons)
 
 
 def test_a_head_pod_evicted_while_the_rayjob_says_running_leads_to_attempt_two(
@@ -82,7 +107,7 @@ def test_three_application_failures_fail_the_run(
         eventually(lambda: phase_is(cluster, "tiny", "Running"), what=f"attempt {n} Running")
         kuberay.fail(f"tiny-a{n}", exit_code=1)
         if n < 3:
-            eventually(lambda: cluster.rayjob(f"tiny-a{n + 1}"), what=f"RayJob tiny-a{n + 1}")
+            eventually(lambda n=n: cluster.rayjob(f"tiny-a{n + 1}"), what=f"RayJob tiny-a{n + 1}")
     status = eventually(lambda: phase_is(cluster, "tiny", "Failed"), what="phase Failed")
     assert status["reason"] == "BudgetExhausted"
     assert status["restarts"]["applicationFailure"] == 3
@@ -126,7 +151,9 @@ def test_a_checkpoint_report_from_a_stale_attempt_is_ignored(
     cluster.report("tiny", attempt=1, step=20)  # a zombie of attempt 1
     cluster.report("tiny", attempt=2, step=15)  # then the real attempt; the zombie's step 20 must never appear
     latest = eventually(
-        lambda: (lambda l: l if l and l["step"] == 15 else None)((cluster.status("tiny").get("checkpoints") or {}).get("latest")),
+        lambda: (lambda last: last if last and last["step"] == 15 else None)(
+            (cluster.status("tiny").get("checkpoints") or {}).get("latest")
+        ),
         what="attempt 2's checkpoint",
     )
     assert latest["attempt"] == 2
@@ -137,7 +164,9 @@ def test_deleting_a_run_removes_its_rayjobs_and_keeps_the_checkpoint_claim(
     control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
 ) -> None:
     pvc = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "tiny-checkpoints"},
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "tiny-checkpoints"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
     }
     cluster.core.create_namespaced_persistent_volume_claim(cluster.namespace, pvc)

@@ -22,7 +22,9 @@ EXAMPLE = REPO / "manifests" / "examples" / "tiny.yaml"
 
 def trainingrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "trainingrun_operator.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "120"})
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "120"}
+    )
 
 
 @pytest.mark.timeout(1500)

@@ -10,8 +10,13 @@ import kubernetes.client
 import pytest
 import yaml
 
-from test_operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, tiny_run
-from test_operator_double import cluster, kuberay, operator  # noqa: F401  (fixtures)
+from support.operator_double import (
+    Cluster,
+    InProcessOperator,
+    KubeRayDouble,
+    eventually,
+    tiny_run,
+)
 from trainingrun_operator import apiclient
 
 pytestmark = pytest.mark.cluster
@@ -37,7 +42,12 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
     as_driver = kubernetes.client.CustomObjectsApi(control_plane.api_client(token))
     with pytest.raises(kubernetes.client.ApiException) as no_spec:
         as_driver.patch_namespaced_custom_object(
-            "trainingrun.dev", "v1alpha1", cluster.namespace, "trainingruns", "mine", {"spec": {"suspend": True}},
+            "trainingrun.dev",
+            "v1alpha1",
+            cluster.namespace,
+            "trainingruns",
+            "mine",
+            {"spec": {"suspend": True}},
             _content_type="application/merge-patch+json",
         )
     assert no_spec.value.status == 403, "the driver may write its status, not its spec"
@@ -57,10 +67,21 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
         (lambda s: s.__setitem__("resume", {"policy": "step"}), "spec.resume"),
         (lambda s: s.__setitem__("resume", {"policy": "step", "step": -3}), "spec.resume.step"),
         (lambda s: s.__setitem__("restartPolicy", {"failureBudget": 0}), "spec.restartPolicy.failureBudget"),
-        (lambda s: s.__setitem__("restartPolicy", {"backoff": {"initialSeconds": 9, "maxSeconds": 1}}), "spec.restartPolicy.backoff"),
+        (
+            lambda s: s.__setitem__("restartPolicy", {"backoff": {"initialSeconds": 9, "maxSeconds": 1}}),
+            "spec.restartPolicy.backoff",
+        ),
         (lambda s: s["checkpoint"].__setitem__("path", "../../etc"), "spec.checkpoint.path"),
     ],
-    ids=["zero save period", "misspelled field", "pinned without step", "negative step", "zero budget", "cap below initial", "path escapes"],
+    ids=[
+        "zero save period",
+        "misspelled field",
+        "pinned without step",
+        "negative step",
+        "zero budget",
+        "cap below initial",
+        "path escapes",
+    ],
 )
 def test_a_malformed_run_is_rejected_at_admission_naming_the_field(
     control_plane: Any, namespace: str, mutate: Any, field: str
@@ -75,8 +96,15 @@ def test_a_malformed_run_is_rejected_at_admission_naming_the_field(
 def test_checkpoint_storage_cannot_change_after_creation(control_plane: Any, cluster: Cluster) -> None:
     cluster.apply_run(tiny_run())
     result = control_plane.kubectl(
-        "patch", "trun", "tiny", "-n", cluster.namespace, "--type=merge",
-        "-p", '{"spec":{"checkpoint":{"pvc":{"claimName":"elsewhere"}}}}', check=False,
+        "patch",
+        "trun",
+        "tiny",
+        "-n",
+        cluster.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"checkpoint":{"pvc":{"claimName":"elsewhere"}}}}',
+        check=False,
     )
     assert result.returncode != 0
     assert "immutable" in result.stderr and "spec.checkpoint" in result.stderr

@@ -32,9 +32,11 @@ from support import waiting
 pytestmark = pytest.mark.cluster
 
 
-def played_and_ready(runner: podrunner.PodRunner, namespace: str, name: str, *, what: str,
-                     timeout: float = 180) -> localpod.LocalPod:
+def played_and_ready(
+    runner: podrunner.PodRunner, namespace: str, name: str, *, what: str, timeout: float = 180
+) -> localpod.LocalPod:
     """Waits until the runner plays pod `namespace/name` and its Ray answers; returns the runner's record."""
+
     def ready() -> localpod.LocalPod | None:
         local = runner.find(namespace, name)
         return local if local is not None and local.state == "ready" else None
@@ -46,34 +48,65 @@ def wait_passes(runner: podrunner.PodRunner, count: int = 2) -> None:
     """Waits until the runner has completed `count` more passes. The first may have begun before this call; the
     second began after it, so it saw every change the test made before: proof that a pass had the chance to act."""
     target = runner.completed_passes + count
-    waiting.wait(lambda: runner.completed_passes >= target, timeout=30,
-                 what=f"{count} more passes of the pod runner", diagnostics=runner.describe)
+    waiting.wait(
+        lambda: runner.completed_passes >= target,
+        timeout=30,
+        what=f"{count} more passes of the pod runner",
+        diagnostics=runner.describe,
+    )
 
 
-def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mount_path: str = "",
-            restart_policy: str = "Never", **spec: Any) -> dict[str, Any]:
+def ray_pod(
+    name: str,
+    cluster: str,
+    role: str,
+    *,
+    claim: str | None = None,
+    mount_path: str = "",
+    restart_policy: str = "Never",
+    **spec: Any,
+) -> dict[str, Any]:
     """A pod shaped as KubeRay 1.5 builds it (labels, ports, KUBERAY_GEN_RAY_START_CMD and RAY_* variables)."""
-    start = (f"ray start --head --block --dashboard-host=0.0.0.0 --metrics-export-port=8080 --num-cpus=1"
-             if role == "head" else
-             f"ray start --address={cluster}-head-svc.ns.svc.cluster.local:6379 --block --num-cpus=1")
+    start = (
+        "ray start --head --block --dashboard-host=0.0.0.0 --metrics-export-port=8080 --num-cpus=1"
+        if role == "head"
+        else f"ray start --address={cluster}-head-svc.ns.svc.cluster.local:6379 --block --num-cpus=1"
+    )
     container: dict[str, Any] = {
-        "name": "ray-head" if role == "head" else "ray-worker", "image": "rayproject/ray:2.60.0",
-        "ports": [{"name": "gcs-server", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
-                  {"name": "client", "containerPort": 10001}] if role == "head" else [],
-        "env": [{"name": "KUBERAY_GEN_RAY_START_CMD", "value": start},
-                {"name": "RAY_ADDRESS", "value": "127.0.0.1:6379"}, {"name": "RAY_PORT", "value": "6379"},
-                {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"},
-                {"name": "RAY_CLUSTER_NAME",
-                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
-                {"name": "USER_SETTING", "value": "kept"},
-                {"name": "MY_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "name": "ray-head" if role == "head" else "ray-worker",
+        "image": "rayproject/ray:2.60.0",
+        "ports": [
+            {"name": "gcs-server", "containerPort": 6379},
+            {"name": "dashboard", "containerPort": 8265},
+            {"name": "client", "containerPort": 10001},
+        ]
+        if role == "head"
+        else [],
+        "env": [
+            {"name": "KUBERAY_GEN_RAY_START_CMD", "value": start},
+            {"name": "RAY_ADDRESS", "value": "127.0.0.1:6379"},
+            {"name": "RAY_PORT", "value": "6379"},
+            {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"},
+            {"name": "RAY_CLUSTER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['ray.io/cluster']"}}},
+            {"name": "USER_SETTING", "value": "kept"},
+            {"name": "MY_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
     }
     body: dict[str, Any] = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster},
-                     "annotations": {podspec.PLAY_ANNOTATION: "true"}},
-        "spec": {"restartPolicy": restart_policy, "terminationGracePeriodSeconds": 5, "containers": [container],
-                 "nodeSelector": {"type": "kwok"}, **spec},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"ray.io/node-type": role, "ray.io/cluster": cluster},
+            "annotations": {podspec.PLAY_ANNOTATION: "true"},
+        },
+        "spec": {
+            "restartPolicy": restart_policy,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            "nodeSelector": {"type": "kwok"},
+            **spec,
+        },
     }
     if claim:
         container["volumeMounts"] = [{"name": "checkpoints", "mountPath": mount_path}]
@@ -82,10 +115,18 @@ def ray_pod(name: str, cluster: str, role: str, *, claim: str | None = None, mou
 
 
 def head_service(cluster: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"{cluster}-head-svc"},
-            "spec": {"selector": {"ray.io/cluster": cluster, "ray.io/node-type": "head"},
-                     "ports": [{"name": "dashboard", "port": 8265, "targetPort": "dashboard"},
-                               {"name": "gcs-server", "port": 6379, "targetPort": 6379}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"{cluster}-head-svc"},
+        "spec": {
+            "selector": {"ray.io/cluster": cluster, "ray.io/node-type": "head"},
+            "ports": [
+                {"name": "dashboard", "port": 8265, "targetPort": "dashboard"},
+                {"name": "gcs-server", "port": 6379, "targetPort": 6379},
+            ],
+        },
+    }
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -109,20 +150,26 @@ def bed(control_plane: controlplane.ControlPlane) -> Iterator[tuple[proxy.Forwar
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
-                ) -> Iterator[dict[str, Any]]:
+def ray_cluster(
+    control_plane: controlplane.ControlPlane, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> Iterator[dict[str, Any]]:
     """One head (mounting a PVC) and one worker, in a namespace of their own, shared by the tests below."""
-    forward, runner = bed
+    _, runner = bed
     namespace = f"t-podrunner-{uuid.uuid4().hex[:5]}"
     mount_path = f"/trun-testbed-{uuid.uuid4().hex[:6]}/checkpoints"
     control_plane.create_namespace(namespace)
     control_plane.apply(
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "ray-sa"}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
-         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}},
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
         head_service("rc"),
         ray_pod("rc-head", "rc", "head", claim="ckpt", mount_path=mount_path, serviceAccountName="ray-sa"),
-        namespace=namespace)
+        namespace=namespace,
+    )
     head = played_and_ready(runner, namespace, "rc-head", what="the head pod's Ray to answer")
     control_plane.apply(ray_pod("rc-worker", "rc", "worker"), namespace=namespace)
     worker = played_and_ready(runner, namespace, "rc-worker", what="the worker pod's Ray to start")
@@ -133,7 +180,8 @@ def ray_cluster(control_plane: controlplane.ControlPlane, bed: tuple[proxy.Forwa
 
 
 def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_users_variables(
-        ray_cluster: dict[str, Any]) -> None:
+    ray_cluster: dict[str, Any],
+) -> None:
     head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     assert os.getpgid(head.process.pid) == head.process.pid  # its own process group
@@ -141,8 +189,13 @@ def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_use
     assert env["PATH"].split(":")[0] == str(podrunner.VENV_BIN)
     assert env["HOME"] != os.environ.get("HOME") and not (Path(env["HOME"]) / ".ray" / "auth_token").exists()
     assert env["USER_SETTING"] == "kept" and env["MY_POD_NAME"] == "rc-head"
-    assert not {"RAY_ADDRESS", "RAY_PORT", "RAY_CLUSTER_NAME", "RAY_USAGE_STATS_KUBERAY_IN_USE",
-                "KUBERAY_GEN_RAY_START_CMD"} & set(env)
+    assert not {
+        "RAY_ADDRESS",
+        "RAY_PORT",
+        "RAY_CLUSTER_NAME",
+        "RAY_USAGE_STATS_KUBERAY_IN_USE",
+        "KUBERAY_GEN_RAY_START_CMD",
+    } & set(env)
     assert len(str(head.temp_dir)) < 20  # Ray's AF_UNIX socket paths must stay under 107 bytes
     cmdline = Path(f"/proc/{head.process.pid}/cmdline").read_bytes().split(b"\0")
     assert b"--num-cpus=1" in cmdline and b"--dashboard-host=127.0.0.1" in cmdline  # user's params kept, net ours
@@ -150,8 +203,10 @@ def test_a_head_pod_runs_ray_with_a_fresh_home_the_project_path_and_only_the_use
 
 
 def test_the_pod_is_reported_ready_only_once_ray_answers(
-        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane,
+    ray_cluster: dict[str, Any],
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+) -> None:
     events = [e for e in bed[1].events if f"{ray_cluster['namespace']}/rc-head" in e]
     reasons = [e.split("]: ", 1)[1].split(":")[0] for e in events]
     assert reasons.index("Started") < reasons.index("Ready")
@@ -161,7 +216,8 @@ def test_the_pod_is_reported_ready_only_once_ray_answers(
 
 
 def test_the_head_service_name_reaches_the_local_dashboard_through_the_proxy(
-        ray_cluster: dict[str, Any], bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    ray_cluster: dict[str, Any], bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
     forward, runner = bed
     url = f"http://rc-head-svc.{ray_cluster['namespace']}.svc.cluster.local:8265"
 
@@ -171,7 +227,7 @@ def test_the_head_service_name_reaches_the_local_dashboard_through_the_proxy(
 
     _, body = waiting.wait(routed, timeout=30, what="the route to the dashboard", diagnostics=runner.describe)
     assert json.loads(body)["ray_version"] == "2.60.0"
-    assert via_proxy(forward, f"http://rc-head-svc.elsewhere.svc.cluster.local:8265/api/version")[0] == 502
+    assert via_proxy(forward, "http://rc-head-svc.elsewhere.svc.cluster.local:8265/api/version")[0] == 502
 
 
 def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
@@ -189,7 +245,8 @@ def test_a_worker_pod_joins_its_head(ray_cluster: dict[str, Any]) -> None:
 
 
 def test_the_process_acts_as_the_pods_service_account_with_a_token_bound_to_the_pod(
-        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any]) -> None:
+    control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any]
+) -> None:
     head: localpod.LocalPod = ray_cluster["head"]
     assert head.process is not None
     kubeconfig = Path(environ(head.process.pid)["KUBECONFIG"])
@@ -203,17 +260,31 @@ def test_the_process_acts_as_the_pods_service_account_with_a_token_bound_to_the_
 
 
 def test_the_pvc_is_bind_mounted_at_its_mount_path_in_the_pods_private_mount_namespace(
-        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane,
+    ray_cluster: dict[str, Any],
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+) -> None:
     namespace, head = ray_cluster["namespace"], ray_cluster["head"]
     claim = control_plane.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/ckpt")
     assert claim is not None and claim["status"]["phase"] == "Bound"  # provisioned by the runner
     directory = bed[1].claim_directory(namespace, "ckpt")
     (directory / "from-host").write_text("written on the PV")
     mount_path: Path = ray_cluster["mount_path"]
-    inside = subprocess.run(["nsenter", "-t", str(head.process.pid), "-m", "--", "sh", "-c",
-                             f"cat {mount_path}/from-host && echo from-pod > {mount_path}/from-pod"],
-                            capture_output=True, text=True, timeout=30)
+    inside = subprocess.run(
+        [
+            "nsenter",
+            "-t",
+            str(head.process.pid),
+            "-m",
+            "--",
+            "sh",
+            "-c",
+            f"cat {mount_path}/from-host && echo from-pod > {mount_path}/from-pod",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert inside.returncode == 0, inside.stderr
     assert inside.stdout == "written on the PV"
     assert (directory / "from-pod").read_text() == "from-pod\n"
@@ -221,16 +292,20 @@ def test_the_pvc_is_bind_mounted_at_its_mount_path_in_the_pods_private_mount_nam
 
 
 def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_never(
-        control_plane: controlplane.ControlPlane, namespace: str,
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
     runner = bed[1]
     control_plane.apply(ray_pod("crashy", "crashy", "head"), namespace=namespace)
     local = played_and_ready(runner, namespace, "crashy", what="the head's Ray to answer")
     assert local.process is not None
     os.killpg(local.process.pid, 9)
     path = f"/api/v1/namespaces/{namespace}/pods/crashy"
-    pod = waiting.wait(lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Failed" and p,
-                       timeout=30, what="the pod Failed", diagnostics=runner.describe)
+    pod = waiting.wait(
+        lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Failed" and p,
+        timeout=30,
+        what="the pod Failed",
+        diagnostics=runner.describe,
+    )
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] == "Error"
     assert controlplane.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
@@ -238,21 +313,27 @@ def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_n
 
 
 def test_an_evicted_head_loses_its_processes_its_route_and_its_mountpoint(
-        control_plane: controlplane.ControlPlane, ray_cluster: dict[str, Any],
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane,
+    ray_cluster: dict[str, Any],
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+) -> None:
     forward, runner = bed
     namespace, head = ray_cluster["namespace"], ray_cluster["head"]
     chaos.evict(control_plane, namespace, "rc-head")
-    waiting.wait(lambda: not localpod.pod_processes(head.uid) and head.state == "killed", timeout=30,
-                 what="the head's processes gone", diagnostics=runner.describe)
+    waiting.wait(
+        lambda: not localpod.pod_processes(head.uid) and head.state == "killed",
+        timeout=30,
+        what="the head's processes gone",
+        diagnostics=runner.describe,
+    )
     status, body = via_proxy(forward, f"http://rc-head-svc.{namespace}.svc.cluster.local:8265/api/version")
     assert status == 502 and b"no route" in body
     assert not ray_cluster["mount_path"].parent.exists()  # the mountpoint the runner created is removed
 
 
 def test_a_node_failure_kills_its_pods_processes_at_once(
-        control_plane: controlplane.ControlPlane, namespace: str,
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
     runner = bed[1]
     with control_plane.lone_node() as node:
         try:
@@ -267,19 +348,38 @@ def test_a_node_failure_kills_its_pods_processes_at_once(
             wait_passes(runner)  # passes that saw the pod on a node that is not Ready
             assert runner.find(namespace, "on-doomed") is local and local.state == "killed"  # not restarted
         finally:
-            control_plane.kubectl("delete", "pod", "on-doomed", "-n", namespace, "--force", "--grace-period=0",
-                                  "--ignore-not-found", check=False)
+            control_plane.kubectl(
+                "delete",
+                "pod",
+                "on-doomed",
+                "-n",
+                namespace,
+                "--force",
+                "--grace-period=0",
+                "--ignore-not-found",
+                check=False,
+            )
 
 
 def test_a_pending_claim_gets_a_hostpath_volume_bound_by_claim_ref(
-        control_plane: controlplane.ControlPlane, namespace: str,
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
-    control_plane.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "c"},
-                         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}}},
-                        namespace=namespace)
+    control_plane: controlplane.ControlPlane, namespace: str, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
+    control_plane.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "c"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "2Gi"}}},
+        },
+        namespace=namespace,
+    )
     path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/c"
-    claim = waiting.wait(lambda: (c := control_plane.get(path)) and c["status"].get("phase") == "Bound" and c,
-                         timeout=30, what="the claim Bound", diagnostics=bed[1].describe)
+    claim = waiting.wait(
+        lambda: (c := control_plane.get(path)) and c["status"].get("phase") == "Bound" and c,
+        timeout=30,
+        what="the claim Bound",
+        diagnostics=bed[1].describe,
+    )
     volume = control_plane.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}")
     assert volume is not None
     assert volume["spec"]["claimRef"]["uid"] == claim["metadata"]["uid"]
@@ -289,8 +389,8 @@ def test_a_pending_claim_gets_a_hostpath_volume_bound_by_claim_ref(
 
 
 def test_a_ray_labelled_pod_that_kuberay_did_not_make_is_left_to_kwok(
-        control_plane: controlplane.ControlPlane, namespace: str,
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
     """The operator's cluster tests play KubeRay with a test double that creates Ray-labelled pods owned by the
     RayJob; the runner must not start Ray for those (only for pods a RayCluster owns, or opted in)."""
     runner = bed[1]
@@ -298,15 +398,18 @@ def test_a_ray_labelled_pod_that_kuberay_did_not_make_is_left_to_kwok(
     del body["metadata"]["annotations"]
     control_plane.apply(body, namespace=namespace)
     path = f"/api/v1/namespaces/{namespace}/pods/double-head"
-    waiting.wait(lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Running", timeout=60,
-                 what="kwok to run the pod")
+    waiting.wait(
+        lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Running",
+        timeout=60,
+        what="kwok to run the pod",
+    )
     wait_passes(runner)  # passes that listed the pod Running on a kwok node: one the runner would have started
     assert runner.find(namespace, "double-head") is None
 
 
 def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_runner_kills_the_head(
-        control_plane: controlplane.ControlPlane, namespace: str,
-        bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]) -> None:
+    control_plane: controlplane.ControlPlane, namespace: str, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> None:
     runner = bed[1]
     control_plane.apply(ray_pod("preemptee", "preemptee", "head"), namespace=namespace)
     local = played_and_ready(runner, namespace, "preemptee", what="the head's Ray to answer")
@@ -314,9 +417,11 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
     watching = threading.Event()
 
     def watch() -> None:  # every change of the pod, in order, until it is deleted
-        status, pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/preemptee")
-        url = (f"{control_plane.server}/api/v1/namespaces/{namespace}/pods?watch=1&fieldSelector=metadata.name%3D"
-               f"preemptee&resourceVersion={pod['metadata']['resourceVersion']}")
+        _, pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/preemptee")
+        url = (
+            f"{control_plane.server}/api/v1/namespaces/{namespace}/pods?watch=1&fieldSelector=metadata.name%3D"
+            f"preemptee&resourceVersion={pod['metadata']['resourceVersion']}"
+        )
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {control_plane.admin_token}"})
         context = kubeapi.verified_context(control_plane.ca_file)
         with urllib.request.urlopen(request, context=context, timeout=60) as stream:
@@ -339,5 +444,9 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
     assert first_disrupted < deleting
     disruption = controlplane.condition(seen[first_disrupted][1], "DisruptionTarget")
     assert disruption is not None and disruption["reason"] == "PreemptionByScheduler"
-    waiting.wait(lambda: local.state == "killed" and not localpod.pod_processes(local.uid), timeout=30,
-                 what="the head's processes gone", diagnostics=runner.describe)
+    waiting.wait(
+        lambda: local.state == "killed" and not localpod.pod_processes(local.uid),
+        timeout=30,
+        what="the head's processes gone",
+        diagnostics=runner.describe,
+    )

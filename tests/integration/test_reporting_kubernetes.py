@@ -25,12 +25,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _status(step: int) -> reporting.RuntimeStatus:
     return reporting.RuntimeStatus(
-        attempt=2, step=step, reward=0.75, updated=timestamps.now(),
+        attempt=2,
+        step=step,
+        reward=0.75,
+        updated=timestamps.now(),
         lastCheckpoint=reporting.CheckpointReport(
-            step=step, path=f"/ckpt/tiny/step_{step}", attempt=2, replayDigest="ab" * 32,
-            weightsSha256="cd" * 32, time=timestamps.now(),
+            step=step,
+            path=f"/ckpt/tiny/step_{step}",
+            attempt=2,
+            replayDigest="ab" * 32,
+            weightsSha256="cd" * 32,
+            time=timestamps.now(),
         ),
-        restoreError=None, finished=False,
+        restoreError=None,
+        finished=False,
     )
 
 
@@ -46,23 +54,41 @@ def test_a_report_patches_only_status_runtime_of_its_own_run(
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=example)
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=example.replace("name: tiny", "name: other"))
     # The operator's own status field, which the driver must never overwrite.
-    control_plane.kubectl("patch", "trainingrun", "tiny", "-n", namespace, "--subresource=status", "--type=merge",
-                          "-p", json.dumps({"status": {"phase": "Running"}}))
+    control_plane.kubectl(
+        "patch",
+        "trainingrun",
+        "tiny",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Running"}}),
+    )
 
     role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
         "metadata": {"name": "tiny-driver", "namespace": namespace},
-        "rules": [{"apiGroups": ["trainingrun.dev"], "resources": ["trainingruns/status"],
-                   "resourceNames": ["tiny"], "verbs": ["get", "patch"]}],
+        "rules": [
+            {
+                "apiGroups": ["trainingrun.dev"],
+                "resources": ["trainingruns/status"],
+                "resourceNames": ["tiny"],
+                "verbs": ["get", "patch"],
+            }
+        ],
     }
     binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
         "metadata": {"name": "tiny-driver", "namespace": namespace},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-driver"},
         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
     }
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                  "items": [role, binding]}))
+    control_plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [role, binding]})
+    )
     kubeconfig = control_plane.service_account_kubeconfig(namespace, "default")
 
     reporting.KubernetesReporter("tiny", namespace, kubeconfig=str(kubeconfig)).report(_status(10))

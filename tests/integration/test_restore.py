@@ -26,8 +26,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 RUN = "resume"
 CONFIG: dict[str, Any] = {
     "trainer": {
-        "steps": 6, "promptsPerStep": 4, "generationWorkers": 1, "logEvery": 1,
-        "grpo": {"groupSize": 4}, "task": {"datasetSize": 64},
+        "steps": 6,
+        "promptsPerStep": 4,
+        "generationWorkers": 1,
+        "logEvery": 1,
+        "grpo": {"groupSize": 4},
+        "task": {"datasetSize": 64},
     },
     "checkpoint": {"savePeriod": 2, "keepLast": 5},
 }
@@ -36,8 +40,9 @@ CONFIG: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def killed_after_step_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("grpo-resume")
-    first = launcher.start(run=RUN, attempt=1, root=root, config=CONFIG, crash_at="reported@4",
-                           event_log=root / "attempt1.jsonl")
+    first = launcher.start(
+        run=RUN, attempt=1, root=root, config=CONFIG, crash_at="reported@4", event_log=root / "attempt1.jsonl"
+    )
     first.wait_for_marker("reported", 4, timeout=600)
     first.kill()
     return root

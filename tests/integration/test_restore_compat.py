@@ -35,8 +35,9 @@ def test_a_bundle_written_before_the_runtime_moved_restores_and_trains_on(tmp_pa
     config = json.loads((FIXTURE / "config.json").read_text())
     config["trainer"]["steps"] = 4
 
-    proc = launcher.start(run=RUN, attempt=2, root=tmp_path, config=config, num_cpus=6,
-                          event_log=tmp_path / "events.jsonl")
+    proc = launcher.start(
+        run=RUN, attempt=2, root=tmp_path, config=config, num_cpus=6, event_log=tmp_path / "events.jsonl"
+    )
     assert proc.wait(500) == 0, proc.output()[-3000:]
 
     by_name = {e["event"]: e for e in events.read(tmp_path / "events.jsonl")}

@@ -11,7 +11,7 @@ from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import DATA_PLANE, REPLAY_METADATA
 
 RUN = "demo"
-T0 = datetime.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.timezone.utc)
+T0 = datetime.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
 
 
 def contents(step: int, tag: str = "") -> dict[str, bytes]:

@@ -69,8 +69,9 @@ def start(
     )  # fmt: skip
     run_path = Path(root) / run
     extra = {**(env or {}), **({crashpoints.ENV: crash_at} if crash_at else {})}
-    proc = driver_process.spawn(args, run_path / "attempts" / str(attempt) / "driver.log", env=extra,
-                                drop_env=(crashpoints.ENV, "RAY_ADDRESS"))  # a local Ray of its own
+    proc = driver_process.spawn(
+        args, run_path / "attempts" / str(attempt) / "driver.log", env=extra, drop_env=(crashpoints.ENV, "RAY_ADDRESS")
+    )  # a local Ray of its own
     driver = Driver(proc.attempt, proc.popen, proc.log_path, proc.marker)
     driver.marker_dir = run_path / "crash-markers"
     return driver

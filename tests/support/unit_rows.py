@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from trainingrun_runtime.dataplane import column_file
 
 

@@ -19,8 +19,14 @@ import pytest
 T = TypeVar("T")
 
 
-def wait(probe: Callable[[], T | None], *, timeout: float, what: str,
-         diagnostics: Callable[[], str] | None = None, interval: float = 0.2) -> T:
+def wait(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    diagnostics: Callable[[], str] | None = None,
+    interval: float = 0.2,
+) -> T:
     """Calls `probe` every `interval` seconds until it returns a truthy value, and returns that value. After
     `timeout` seconds the test fails with "timed out ... waiting for <what>", the probe's last value and, when
     given, what `diagnostics()` says (logs, a component's state). An exception from the probe is not caught."""

@@ -11,9 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_import_contracts_in_pyproject_are_kept() -> None:
     lint_imports = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run(
-        [str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
 
@@ -27,8 +25,6 @@ def test_the_operator_package_imports_without_torch_or_ray() -> None:
         "bad = sorted(n for n in ('torch', 'ray', 'transfer_queue') if n in sys.modules)\n"
         "print(','.join(bad))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == "", f"the operator pulled in {done.stdout.strip()}"

@@ -78,9 +78,7 @@ class DataPlaneCheckpointBarrier:
     @property
     def stats(self) -> BarrierStats:
         """Counters and the last exclusive-window duration, as a frozen snapshot."""
-        return dataclasses.replace(
-            self._stats, active_mutations=self._active, pending_checkpoints=self._pending
-        )
+        return dataclasses.replace(self._stats, active_mutations=self._active, pending_checkpoints=self._pending)
 
     @contextlib.asynccontextmanager
     async def mutation(self) -> AsyncIterator[None]:
@@ -110,7 +108,7 @@ class DataPlaneCheckpointBarrier:
 
     @contextlib.asynccontextmanager
     async def checkpoint(self) -> AsyncIterator[None]:
-        """Hold the exclusive slot: close the gate, wait for earlier checkpoints and active mutations, then run alone."""
+        """Hold the exclusive slot: close the gate, wait for earlier checkpoints and active mutations, run alone."""
         task = asyncio.current_task()
         if task is not None and task in self._mutating:
             raise RuntimeError("checkpoint() inside mutation() of the same task would deadlock")

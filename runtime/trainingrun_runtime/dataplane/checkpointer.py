@@ -40,9 +40,7 @@ instead, since older steps would not fit either. With `step=` pinned there is no
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -53,22 +51,22 @@ from typing import Any, Final
 import torch
 
 from trainingrun_runtime import digest
-from trainingrun_runtime.storage import commit, layout, manifest, verification
-from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane import snapshot as data_plane_snapshot
-from trainingrun_runtime.dataplane.row_client import DataPlaneClient
-from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
+from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer, run_blocking
 from trainingrun_runtime.dataplane.replay_index import ReplayConfig, ReplayIndex
+from trainingrun_runtime.dataplane.row_client import DataPlaneClient
+from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
+from trainingrun_runtime.storage import commit, layout, manifest, verification
 
 __all__ = [
-    "REPLAY_MODE",
     "INDEX_FILE_FORMAT",
+    "REPLAY_MODE",
     "SAVE_STAGES",
-    "Snapshot",
-    "PendingCheckpoint",
     "DataPlaneCheckpointer",
+    "PendingCheckpoint",
     "Selection",
+    "Snapshot",
     "read_index_file",
     "select",
 ]
@@ -143,7 +141,13 @@ class PendingCheckpoint:
             self._written = written
             hold_s = time.monotonic() - requested
             s.stage("data_plane_saved")
-            index_file = {"format": INDEX_FILE_FORMAT, "run": s.run, "step": self.step, "replay": state, "restart": restart}
+            index_file = {
+                "format": INDEX_FILE_FORMAT,
+                "run": s.run,
+                "step": self.step,
+                "replay": state,
+                "restart": restart,
+            }
             torch.save(index_file, self.path / layout.REPLAY_METADATA)
             s.stage("index_file_written")
         except BaseException:

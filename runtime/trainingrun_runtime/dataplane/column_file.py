@@ -33,8 +33,7 @@ import os
 import pickle
 import struct
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from pathlib import Path
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any, Final
 
 import torch
@@ -315,7 +314,7 @@ def _rows(flat: torch.Tensor, column: Mapping[str, Any], where: str, positions: 
         key = tuple(indexes)
         position = positions.get(key)
         if position is None:
-            position = positions[key] = dict(zip(indexes, range(len(indexes))))
+            position = positions[key] = dict(zip(indexes, range(len(indexes)), strict=True))
             if len(position) != len(indexes):
                 raise CheckpointCorrupt(f"{where}: field {column['name']!r} lists a row twice")
         return RestoredRows(position, data.view(_dtype(dtypes, where)).view(len(indexes), *shapes))
@@ -338,9 +337,9 @@ class RestoredRows(MutableMapping[int, Any]):
     """One field's restored rows, keyed by global index: each row's view is made the first time it is read.
 
     A restored column is one tensor `[rows, *shape]` over the mapped file. Making a view per row up
-    front took about 1 us a row, 25 ms per 100 MiB storage unit here, all of it inside the restore;
-    here `read` makes none. A row's view is made when TransferQueue first reads it and then kept, so
-    reading a row twice gives the same tensor, as a plain dict would. Puts, overwrites and clears
+    front would cost the restore a Python object per row; `read` makes none. A row's view is made
+    when TransferQueue first reads it and then kept, so reading a row twice gives the same tensor,
+    as a plain dict would. Puts, overwrites and clears
     (`[gi] = row`, `pop`) make no view. Order, length and membership are a dict's: one entry per row,
     in the file's order, later puts after them. `column_file.write` writes rows never read straight
     from the column (`raw_items`), so a save right after a restore makes no views either. Not locked,

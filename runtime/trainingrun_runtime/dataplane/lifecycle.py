@@ -91,7 +91,7 @@ class DataPlaneToken:
     can travel to the controller actor. `connect` checks its nonce against the TQ it attaches to.
     """
 
-    __slots__ = ("nonce", "decision", "source")
+    __slots__ = ("decision", "nonce", "source")
 
     nonce: str
     decision: str
@@ -187,8 +187,8 @@ class BootstrapDataPlane(DataPlaneClient):
         final_conf = _run_with_timeout(lambda: tq.init(conf), init_timeout_s, "tq.init")
         self = cls(_mint=_MINT, storage_units=storage_units, conf=final_conf)
         self._client = tq.get_client()
-        # The first `__ray_call__` into each unit ships the function (~15 ms here): pay it now, with the
-        # start-up, rather than in the restore's pristine check.
+        # The first `__ray_call__` into each unit ships the function to it: pay that now, with the start-up,
+        # rather than in the restore's pristine check.
         self.state()
         log.info("TransferQueue started: %d storage units, capacity %s", storage_units, capacity)
         return self
@@ -202,9 +202,7 @@ class BootstrapDataPlane(DataPlaneClient):
         if self._poisoned is not None:
             raise DataPlaneError(f"{op}: {self._poisoned}")
         if self._token is None:
-            raise DataPlaneError(
-                f"{op}: the bootstrap client must first restore (load_checkpoint) or start_fresh()"
-            )
+            raise DataPlaneError(f"{op}: the bootstrap client must first restore (load_checkpoint) or start_fresh()")
 
     def state(self) -> DataPlaneState:
         """TransferQueue's global state, whoever wrote it (metadata only; Ray calls in parallel).

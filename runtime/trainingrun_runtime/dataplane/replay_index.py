@@ -222,9 +222,7 @@ class ReplayIndex:
         return index
 
 
-def _check_group(
-    record: GroupRecord, group_size: int, where: str, error: type[Exception] = PreflightError
-) -> None:
+def _check_group(record: GroupRecord, group_size: int, where: str, error: type[Exception] = PreflightError) -> None:
     if not isinstance(record.group_id, str) or not record.group_id:
         raise error(f"{where}: group id must be a non-empty string")
     if len(record.sample_ids) != group_size:
@@ -254,4 +252,3 @@ def _check_inventory(indexed: set[str], stored: set[str], where: str) -> None:
         f"{where}: the data plane's rows differ from the index: {len(extra)} stored but not indexed "
         f"{extra[:5]}, {len(missing)} indexed but not stored {missing[:5]}"
     )
-

@@ -88,7 +88,6 @@ class PartitionState:
         return len(self.rows) + self.unkeyed_rows
 
 
-
 class DataPlaneClient:
     """Row operations shared by both roles. Not constructed directly: use the two subclasses in `lifecycle`."""
 

@@ -67,7 +67,9 @@ class PendingSnapshot:
             side = self.path / f"{rel}{storage_unit.DIGEST_SUFFIX}"
             while not side.exists():
                 if time.monotonic() > deadline:
-                    raise DataPlaneError(f"{self.path / rel}: its storage unit reported no digest within {timeout_s:g} s")
+                    raise DataPlaneError(
+                        f"{self.path / rel}: its storage unit reported no digest within {timeout_s:g} s"
+                    )
                 time.sleep(pause)  # a stat every half millisecond: a small snapshot is done in tens of them
                 pause = min(pause * 2, 0.001)
             entry = json.loads(side.read_text())
@@ -76,12 +78,12 @@ class PendingSnapshot:
                 raise DataPlaneError(f"{self.path / rel}: its storage unit failed to hash it: {entry['error']}")
             if entry.get("size") != self.sizes.get(rel):
                 raise DataPlaneError(
-                    f"{self.path / rel}: {self.sizes.get(rel)} bytes on disk, its storage unit hashed {entry.get('size')}"
+                    f"{self.path / rel}: {self.sizes.get(rel)} bytes on disk, "
+                    f"its storage unit hashed {entry.get('size')}"
                 )
             found[rel] = str(entry["sha256"])
         self._digests = found
         return dict(found)
-
 
 
 def write(client: Any, directory: Path, metadata: Mapping[str, Any]) -> PendingSnapshot:

@@ -246,4 +246,3 @@ def _start_writeback(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     except OSError:
         pass  # an optimization only: the commit's fsync writes whatever is left
-

@@ -47,8 +47,8 @@ __all__ = [
     "CompactSimpleStorageUnit",
     "CompactStorageUnitData",
     "check_version",
-    "is_digest_file",
     "install",
+    "is_digest_file",
 ]
 
 log = logging.getLogger(__name__)

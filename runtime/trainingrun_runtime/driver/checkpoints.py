@@ -152,7 +152,9 @@ class Checkpoints:
         protect = () if view.pinned is None else (view.pinned,)
         self._fence("apply retention")  # it could delete the step a newer attempt restored from
         await asyncio.to_thread(
-            lambda: retention.apply_retention(a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect)
+            lambda: retention.apply_retention(
+                a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect
+            )
         )
 
     def _fence(self, doing: str) -> None:

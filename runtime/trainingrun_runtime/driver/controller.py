@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,12 +49,12 @@ import torch
 from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
+from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
+from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 from trainingrun_runtime.driver import checkpoints, crashpoints, events, reporting, restore, trainers
 from trainingrun_runtime.errors import PreflightError
 from trainingrun_runtime.grpo import objective, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
-from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 
 __all__ = ["PARTITION", "RunResult", "SingleController", "SingleControllerActorArgs", "capacity", "group_rows"]
 
@@ -314,8 +313,13 @@ class SingleController:
     def status(self, step: int, reward: float | None, *, finished: bool) -> reporting.RuntimeStatus:
         """`status.runtime` as of now."""
         return reporting.RuntimeStatus(
-            attempt=self.args.attempt, step=step, reward=reward, updated=timestamps.now(),
-            lastCheckpoint=self.checkpoints.last, restoreError=None, finished=finished,
+            attempt=self.args.attempt,
+            step=step,
+            reward=reward,
+            updated=timestamps.now(),
+            lastCheckpoint=self.checkpoints.last,
+            restoreError=None,
+            finished=finished,
         )
 
 
@@ -348,4 +352,3 @@ def actor(name: str) -> Any:
 
     actor_cls: Any = ray.remote(SingleController)
     return actor_cls.options(name=name, num_cpus=0, max_restarts=0, max_concurrency=1000)
-

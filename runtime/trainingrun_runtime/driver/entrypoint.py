@@ -49,10 +49,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
     p.add_argument("--event-log", default=None, help="append start-up/controller events as JSON lines here")
     p.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of a local Ray (ignored with RAY_ADDRESS)")
-    p.add_argument("--run-uid", default=None,
-                   help="the TrainingRun's uid: with --attempt, claims the run directory (owner.json) against zombies")
-    p.add_argument("--progress-period", type=float, default=reporting.PROGRESS_PERIOD_S, metavar="SECONDS",
-                   help="at most one progress report (status.runtime.step) per this many seconds")
+    p.add_argument(
+        "--run-uid",
+        default=None,
+        help="the TrainingRun's uid: with --attempt, claims the run directory (owner.json) against zombies",
+    )
+    p.add_argument(
+        "--progress-period",
+        type=float,
+        default=reporting.PROGRESS_PERIOD_S,
+        metavar="SECONDS",
+        help="at most one progress report (status.runtime.step) per this many seconds",
+    )
     return p
 
 
@@ -70,8 +78,16 @@ def parse(argv: list[str]) -> setup.DriverOptions:
     if ns.progress_period < 0:
         raise ValueError(f"--progress-period must be >= 0 seconds, got {ns.progress_period}")
     return setup.DriverOptions(
-        run=ns.run, namespace=ns.namespace, attempt=ns.attempt, resume=ns.resume, root=ns.root, config=cfg,
-        reporter=ns.reporter, event_log=ns.event_log, num_cpus=ns.num_cpus, progress_period_s=ns.progress_period,
+        run=ns.run,
+        namespace=ns.namespace,
+        attempt=ns.attempt,
+        resume=ns.resume,
+        root=ns.root,
+        config=cfg,
+        reporter=ns.reporter,
+        event_log=ns.event_log,
+        num_cpus=ns.num_cpus,
+        progress_period_s=ns.progress_period,
         run_uid=ns.run_uid,
     )
 
@@ -101,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = ray.get(built.actor.run.remote())
-    except Exception as e:  # noqa: BLE001 - the exit code carries it; the log carries the original
+    except Exception as e:
         cause = getattr(e, "cause", None) or e
         log.error("run failed: %s: %s", type(cause).__name__, cause)
         if is_restore_error(cause):
@@ -114,8 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     rep.report(
         reporting.RuntimeStatus(
-            attempt=opts.attempt, step=result.step, reward=result.mean_reward, updated=timestamps.now(),
-            lastCheckpoint=result.last_checkpoint, restoreError=None, finished=True,
+            attempt=opts.attempt,
+            step=result.step,
+            reward=result.mean_reward,
+            updated=timestamps.now(),
+            lastCheckpoint=result.last_checkpoint,
+            restoreError=None,
+            finished=True,
         )
     )
     log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
@@ -133,8 +154,13 @@ def is_restore_error(error: BaseException) -> bool:
 def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, message: str) -> None:
     rep.report(
         reporting.RuntimeStatus(
-            attempt=opts.attempt, step=0, reward=None, updated=timestamps.now(), lastCheckpoint=None,
-            restoreError=message, finished=False,
+            attempt=opts.attempt,
+            step=0,
+            reward=None,
+            updated=timestamps.now(),
+            lastCheckpoint=None,
+            restoreError=message,
+            finished=False,
         )
     )
 
@@ -142,7 +168,7 @@ def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, me
 def _close(built: setup.Setup) -> None:
     try:
         built.trainers.close()
-    except Exception:  # noqa: BLE001 - shutting down; the exit code is already decided
+    except Exception:
         log.exception("closing TransferQueue failed")
     _shutdown_ray()
 

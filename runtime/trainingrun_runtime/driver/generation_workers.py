@@ -60,7 +60,9 @@ class Generator:
     def generate(self, uid: int, index: int, version: int | None) -> GeneratedGroup:
         """Sample the group of prompt `uid` (dataset `index`) with the held weights."""
         if version is not None and version != self.version:
-            raise RuntimeError(f"asked to generate uid {uid} with version {version}, but this worker holds {self.version}")
+            raise RuntimeError(
+                f"asked to generate uid {uid} with version {version}, but this worker holds {self.version}"
+            )
         g = self.cfg.grpo
         group = group_sampling.sample_group(
             self.model, self.task, self.task.digits_of(index), uid, self.version, g.group_size, g.temperature
@@ -75,7 +77,4 @@ def spawn(cfg: config.TrainerConfig, name_prefix: str) -> list[Any]:
     import ray
 
     actor_cls = ray.remote(num_cpus=0, max_restarts=0)(Generator)
-    return [
-        actor_cls.options(name=f"{name_prefix}-gen-{i}").remote(cfg)
-        for i in range(cfg.generation_workers)
-    ]
+    return [actor_cls.options(name=f"{name_prefix}-gen-{i}").remote(cfg) for i in range(cfg.generation_workers)]

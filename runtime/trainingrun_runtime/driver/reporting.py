@@ -31,18 +31,18 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
 from trainingrun_runtime.storage import files
 
 __all__ = [
+    "PROGRESS_PERIOD_S",
     "CheckpointReport",
-    "OperatorView",
     "FileReporter",
     "KubernetesReporter",
-    "PROGRESS_PERIOD_S",
+    "OperatorView",
     "ProgressReports",
     "Reporter",
     "RuntimeStatus",
@@ -179,7 +179,7 @@ class KubernetesReporter:
         """GET trainingruns/<run>/status (the driver's Role allows get and patch on it); None if that fails."""
         try:
             obj = self._client().get_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.run)
-        except Exception as e:  # noqa: BLE001 - the caller decides what an unknown view means
+        except Exception as e:
             log.warning("reading the status of %s/%s failed: %s", self.namespace, self.run, e)
             return None
         return OperatorView.of((obj or {}).get("status") or {})
@@ -189,13 +189,19 @@ class KubernetesReporter:
         for attempt in range(1, self.attempts + 1):
             try:
                 self._client().patch_namespaced_custom_object_status(
-                    GROUP, VERSION, self.namespace, PLURAL, self.run, body,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    self.run,
+                    body,
                     _content_type="application/merge-patch+json",
                 )
                 return
-            except Exception as e:  # noqa: BLE001 - a report must never stop training
-                log.warning("status report %d/%d for %s/%s failed: %s", attempt, self.attempts, self.namespace,
-                            self.run, e)
+            except Exception as e:
+                log.warning(
+                    "status report %d/%d for %s/%s failed: %s", attempt, self.attempts, self.namespace, self.run, e
+                )
                 time.sleep(0.2 * attempt)
 
 
@@ -270,7 +276,7 @@ class ProgressReports:
             status = self.build()
             try:
                 await asyncio.to_thread(self.reporter.report, status)
-            except Exception:  # noqa: BLE001 - a report must never stop training
+            except Exception:
                 log.exception("status report at step %s failed", status.get("step"))
                 return
             finally:

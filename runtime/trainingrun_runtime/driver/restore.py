@@ -57,7 +57,7 @@ class Restored:
     """What the restore brought back (or that it decided on a fresh start), for the controller's arguments."""
 
     token: lifecycle.DataPlaneToken
-    """Proof that TransferQueue was restored (or started fresh) by the bootstrap client: connect-only clients need it."""
+    """Proof that the bootstrap client restored TransferQueue (or started it fresh): connect-only clients need it."""
     step: int | None
     """The restored step (None: a fresh start)."""
     replay_state: Mapping[str, Any] | None
@@ -80,9 +80,7 @@ def choose(
     except ValueError:
         raise RestoreFailed(ValueError(f"--resume must be 'latest' or a step number, got {resume!r}")) from None
     try:
-        chosen = checkpointer.select(
-            root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step
-        )
+        chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
         if chosen is not None:
             check_config(chosen.manifest, cfg)
     except (TrainingRunError, ValueError, OSError) as e:
@@ -120,7 +118,7 @@ def restore(
         _load_policy(chosen, the_trainers)
         ev.emit("policy_loaded", step=chosen.manifest.step)
         _load_rollout(chosen, rollout)
-    except Exception as e:  # noqa: BLE001 - every restore failure is exit code 3, with its cause
+    except Exception as e:
         raise RestoreFailed(getattr(e, "cause", None) or e) from e
     m = chosen.manifest
     return Restored(
@@ -129,8 +127,12 @@ def restore(
         replay_state=dict(chosen.replay_state),
         replay_digest=m.replay_digest,
         last_checkpoint=reporting.CheckpointReport(
-            step=m.step, path=str(chosen.verified.path), attempt=m.attempt, replayDigest=m.replay_digest,
-            weightsSha256=m.weights_sha256, time=m.created,
+            step=m.step,
+            path=str(chosen.verified.path),
+            attempt=m.attempt,
+            replayDigest=m.replay_digest,
+            weightsSha256=m.weights_sha256,
+            time=m.created,
         ),
     )
 

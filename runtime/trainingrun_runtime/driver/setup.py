@@ -76,9 +76,7 @@ def _init_ray(opts: DriverOptions) -> None:
     if address:
         ray.init(address=address, logging_config=logging_config)
     else:
-        ray.init(
-            address="local", num_cpus=opts.num_cpus, include_dashboard=False, logging_config=logging_config
-        )
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, logging_config=logging_config)
 
 
 def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:

@@ -1,4 +1,5 @@
-"""The trainers as the controller sees them: the trainer worker(s), plus, on the driver, the BOOTSTRAP data-plane client.
+"""The trainers as the controller sees them: the trainer worker(s), plus, on the driver, the bootstrap data-plane
+client.
 
     driver setup                                   controller actor, every step
     ─────────────                                  ─────────────────────────────

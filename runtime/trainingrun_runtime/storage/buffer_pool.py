@@ -1,8 +1,8 @@
 """Buffers kept for the life of the process and lent out again: memory that is already mapped.
 
-New memory is faulted in page by page when first touched (and on some VMs each page comes from the
-host, which cost as much as the disk); a checkpoint hashes and writes through the same few buffers
-every time. Used by `files.hash_file` (read buffers) and `column_file.write` (staging buffers).
+New memory is faulted in page by page when first touched (and on a VM that hands free pages back to its
+host, each page comes back from the host again); a checkpoint hashes and writes through the same few buffers
+every time. Used by `files.hash_file` (read buffers) and `dataplane.staging` (staging buffers).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ _SYNC_WORKERS: Final = 4
 
 
 def _utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 class BundleWriter:
@@ -250,9 +250,13 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
     hashed = hashed or {}
     found, dirs, other = files.walk(top)
     if other:
-        raise CheckpointCorrupt(f"{top / other[0]}: not a regular file or directory (links are not allowed in a bundle)")
+        raise CheckpointCorrupt(
+            f"{top / other[0]}: not a regular file or directory (links are not allowed in a bundle)"
+        )
     if layout.MANIFEST in found:
-        raise CheckpointCorrupt(f"{top / layout.MANIFEST}: written by someone else; manifest.json is reserved for the writer")
+        raise CheckpointCorrupt(
+            f"{top / layout.MANIFEST}: written by someone else; manifest.json is reserved for the writer"
+        )
     # fsync is I/O wait and hashing is CPU (hashlib releases the GIL): separate pools overlap them.
     with (
         concurrent.futures.ThreadPoolExecutor(_SYNC_WORKERS, thread_name_prefix="bundle-fsync") as sync_pool,

@@ -92,7 +92,9 @@ class Manifest:
             raise CheckpointCorrupt(f"{where}: unknown manifest keys {unknown}")
         version = _get(data, "format_version", int, where)
         if version != FORMAT_VERSION:
-            raise CheckpointCorrupt(f"{where}: format_version {version} is not supported (this reader: {FORMAT_VERSION})")
+            raise CheckpointCorrupt(
+                f"{where}: format_version {version} is not supported (this reader: {FORMAT_VERSION})"
+            )
         files = {rel: check_entry(rel, entry, where) for rel, entry in _get(data, "files", dict, where).items()}
         if "weights_sha256" not in data:
             raise CheckpointCorrupt(f"{where}: required key 'weights_sha256' is missing")

@@ -55,7 +55,9 @@ def apply_retention(
     run_path = layout.run_dir(root, run)
     if not run_path.is_dir():
         return RetentionResult(kept=[], deleted=[])
-    steps = sorted(((s, run_path / n) for n in os.listdir(run_path) if (s := layout.step_of(n)) is not None), reverse=True)
+    steps = sorted(
+        ((s, run_path / n) for n in os.listdir(run_path) if (s := layout.step_of(n)) is not None), reverse=True
+    )
     newest = _newest_valid(steps, run, None if verified is None else Path(verified).resolve())
     if newest is None:
         return RetentionResult(kept=[p for _, p in reversed(steps)], deleted=[])

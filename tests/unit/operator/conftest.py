@@ -30,11 +30,18 @@ def as_jsonschema(node: Any, *, closed: bool = False) -> Any:
         return [as_jsonschema(item, closed=closed) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {k: as_jsonschema(v, closed=closed) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    out = {
+        k: as_jsonschema(v, closed=closed)
+        for k, v in node.items()
+        if not k.startswith("x-kubernetes-") and k != "nullable"
+    }
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if closed and "properties" in node and "additionalProperties" not in node and not node.get(
-        "x-kubernetes-preserve-unknown-fields"
+    if (
+        closed
+        and "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
     ):
         out["additionalProperties"] = False
     return out

@@ -58,7 +58,9 @@ def test_a_directory_instead_of_a_file_is_named(capsys: pytest.CaptureFixture[st
     assert code == 2 and err == f"trainingrun run: error: {tmp_path}: is a directory; give a TrainingRun YAML file\n"
 
 
-def test_a_yaml_syntax_error_names_its_line_and_column(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+def test_a_yaml_syntax_error_names_its_line_and_column(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     path = example(tmp_path, "    seed: 0\n", "   seed: 0\n")  # one space short
     code, err = trainingrun(capsys, "run", str(path), "--root", str(tmp_path))
     line = line_of(path, "   seed: 0")
@@ -141,7 +143,9 @@ def test_a_missing_kubeconfig_is_named(capsys: pytest.CaptureFixture[str], tmp_p
     assert code == 2 and err == f"trainingrun operator: error: --kubeconfig {tmp_path / 'kubeconfig'}: no such file\n"
 
 
-def test_a_kubeconfig_that_is_not_yaml_names_its_line(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
+def test_a_kubeconfig_that_is_not_yaml_names_its_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path
+) -> None:
     path = tmp_path / "kubeconfig"
     path.write_text("apiVersion: v1\nkind: Config\nclusters: [\n")
     code, err = trainingrun(capsys, "operator", "--kubeconfig", str(path))

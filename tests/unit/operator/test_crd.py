@@ -92,7 +92,12 @@ def test_status_declares_every_field_of_the_runtime_contract() -> None:
     runtime = _schema()["properties"]["status"]["properties"]["runtime"]["properties"]
     assert set(runtime) == {"attempt", "step", "reward", "updated", "lastCheckpoint", "restoreError", "finished"}
     assert set(runtime["lastCheckpoint"]["properties"]) == {
-        "step", "path", "attempt", "replayDigest", "weightsSha256", "time",
+        "step",
+        "path",
+        "attempt",
+        "replayDigest",
+        "weightsSha256",
+        "time",
     }
 
 
@@ -164,7 +169,7 @@ def test_model_rejects_an_unknown_field_naming_it() -> None:
 
 
 def test_model_rejects_a_step_without_a_pinned_policy() -> None:
-    with pytest.raises(pydantic.ValidationError, match="resume.step is required"):
+    with pytest.raises(pydantic.ValidationError, match=r"resume\.step is required"):
         model.ResumeSpec.model_validate({"policy": "latest", "step": 3})
 
 

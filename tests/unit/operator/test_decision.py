@@ -21,7 +21,7 @@ from trainingrun_operator.observation import AttemptObservation, PodObservation,
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
-T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 
 
 def spec_doc(**overrides: Any) -> dict[str, Any]:
@@ -94,7 +94,11 @@ def preempted(n: int) -> AttemptObservation:
     return AttemptObservation(
         number=n,
         rayjob=RayJobObservation(name=f"tiny-a{n}", deployment_status="Running", job_status="RUNNING"),
-        pods=(PodObservation(name=f"tiny-a{n}-head", node_type="head", phase="Running", disruption="PreemptionByScheduler"),),
+        pods=(
+            PodObservation(
+                name=f"tiny-a{n}-head", node_type="head", phase="Running", disruption="PreemptionByScheduler"
+            ),
+        ),
     )
 
 
@@ -102,7 +106,10 @@ def failed(n: int, code: int = 1) -> AttemptObservation:
     return AttemptObservation(
         number=n,
         rayjob=RayJobObservation(
-            name=f"tiny-a{n}", deployment_status="Failed", job_status="FAILED", reason="AppFailed",
+            name=f"tiny-a{n}",
+            deployment_status="Failed",
+            job_status="FAILED",
+            reason="AppFailed",
             message=f"Job entrypoint command failed with exit code {code}",
         ),
     )
@@ -142,10 +149,13 @@ def test_a_new_run_writes_its_identities_and_creates_attempt_one_resuming_from_l
     assert result.phase.value == "Starting"
     assert result.patch["attempt"] == {"number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z"}
     assert result.patch["identity"] == {
-        "serviceAccountName": "tiny-driver", "roleName": "tiny-driver", "roleBindingName": "tiny-driver",
+        "serviceAccountName": "tiny-driver",
+        "roleName": "tiny-driver",
+        "roleBindingName": "tiny-driver",
     }
     assert [a for a in result.actions if not isinstance(a, Event)] == [
-        EnsureIdentity("tiny-driver"), CreateAttempt(1, "tiny-a1", None),
+        EnsureIdentity("tiny-driver"),
+        CreateAttempt(1, "tiny-a1", None),
     ]
     assert any(isinstance(a, Event) and a.reason == "AttemptStarted" for a in result.actions)
 
@@ -167,7 +177,11 @@ def test_preemption_leads_to_attempt_two_from_the_recorded_step_without_touching
     assert store.status["reason"] == "Preempted"
     assert DeleteRayJob("tiny-a1") in result.actions
     assert store.status["restarts"] == {
-        "total": 1, "preempted": 1, "applicationFailure": 0, "infrastructureFailure": 0, "failedRestore": 0,
+        "total": 1,
+        "preempted": 1,
+        "applicationFailure": 0,
+        "infrastructureFailure": 0,
+        "failedRestore": 0,
     }
     assert store.status.get("consecutiveFailures", 0) == 0
     assert store.status["attempts"][0]["reason"] == "Preempted"
@@ -222,13 +236,19 @@ def test_success_leads_to_succeeded_and_keeps_the_rayjob() -> None:
     store = Store()
     start_and_run(store)
     store.report(1, 40, finished=True)
-    done = AttemptObservation(number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED"))
+    done = AttemptObservation(
+        number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED")
+    )
     result = store.decide(done)
     assert store.phase == "Succeeded"
     assert not any(isinstance(a, DeleteRayJob) for a in result.actions)
     assert store.status["checkpoints"]["latest"]["step"] == 40
     assert {c["type"]: c["status"] for c in store.status["conditions"]} == {
-        "Running": "False", "CheckpointAvailable": "True", "Succeeded": "True", "Failed": "False", "Suspended": "False",
+        "Running": "False",
+        "CheckpointAvailable": "True",
+        "Succeeded": "True",
+        "Failed": "False",
+        "Suspended": "False",
     }
     assert store.status["completionTime"] == "2025-01-01T00:00:00Z"
     assert store.decide(done).patch == {}, "a finished run settles"
@@ -249,7 +269,10 @@ def test_a_report_from_a_stale_attempt_is_ignored() -> None:
     store.report(2, 20)
     store.decide(running(2))
     assert store.status["checkpoints"]["latest"] == {
-        "step": 20, "path": "/checkpoints/tiny/step_20", "attempt": 2, "time": "2025-01-01T00:00:00Z",
+        "step": 20,
+        "path": "/checkpoints/tiny/step_20",
+        "attempt": 2,
+        "time": "2025-01-01T00:00:00Z",
     }
     assert [h["step"] for h in store.status["checkpoints"]["history"]] == [10, 20]
 
@@ -275,7 +298,9 @@ def test_the_final_report_of_a_succeeded_attempt_counts_when_read_after_the_rayj
     start_and_run(store)
     store.report(1, 35)
     store.decide(running(1))
-    done = AttemptObservation(number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED"))
+    done = AttemptObservation(
+        number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED")
+    )
     store.decide(done)
     assert store.phase == "Succeeded" and store.status["checkpoints"]["latest"]["step"] == 35
     store.report(1, 40, finished=True)  # the driver wrote it before exiting; this pass reads it late
@@ -498,6 +523,11 @@ def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() 
     store.decide(preempted(1))
     (record,) = store.status["attempts"]
     assert record == {
-        "number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z", "end": "2025-01-01T00:03:00Z",
-        "reason": "Preempted", "message": record["message"], "stepsLost": 4,
+        "number": 1,
+        "rayJobName": "tiny-a1",
+        "start": "2025-01-01T00:00:00Z",
+        "end": "2025-01-01T00:03:00Z",
+        "reason": "Preempted",
+        "message": record["message"],
+        "stepsLost": 4,
     }

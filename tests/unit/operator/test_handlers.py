@@ -34,7 +34,9 @@ async def test_watch_handlers_are_coroutines_and_a_runs_event_wakes_it_only_with
     memo.wakeups.saw("ns", "tiny", tiny())
     await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"phase": "Running"}), memo=memo)
     assert not event.is_set(), "the operator's own status write woke the run"
-    await handlers.run_changed(name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo)
+    await handlers.run_changed(
+        name="tiny", namespace="ns", body=tiny({"runtime": {"attempt": 1, "step": 5}}), memo=memo
+    )
     assert event.is_set(), "the driver's report did not wake the run"
 
 

@@ -10,8 +10,22 @@ import re
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[3] / "operator" / "trainingrun_operator"
-PURE = ["model", "phases", "observation", "classification", "restarts", "patching", "conditions", "naming",
-        "validation", "decision", "rayjob", "identity", "departures", "errors"]
+PURE = [
+    "model",
+    "phases",
+    "observation",
+    "classification",
+    "restarts",
+    "patching",
+    "conditions",
+    "naming",
+    "validation",
+    "decision",
+    "rayjob",
+    "identity",
+    "departures",
+    "errors",
+]
 
 
 def imported(module: str) -> set[str]:

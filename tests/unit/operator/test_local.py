@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+
 from trainingrun_operator import driver_process, local, runfile
 from trainingrun_operator.classification import FailureClass, classify
 
@@ -23,7 +24,9 @@ def spawn(tmp_path: pathlib.Path, code: str, marker: str = "test") -> driver_pro
     log = tmp_path / "driver.log"
     env = {**os.environ, driver_process.MARKER_ENV: marker}
     with open(log, "ab") as out:
-        popen = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        popen = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     return driver_process.DriverProcess(1, popen, log, marker)
 
 
@@ -45,7 +48,10 @@ def test_chaos_kills_only_after_the_attempt_saved_a_checkpoint_and_at_most_max_k
 
 
 def test_rewards_are_read_per_attempt_from_the_driver_logs(tmp_path: pathlib.Path) -> None:
-    for attempt, lines in {1: ["step 2: reward 0.250 loss 0.1", "noise"], 2: ["(pid=1) step 4: reward 1e-3 loss 0"]}.items():
+    for attempt, lines in {
+        1: ["step 2: reward 0.250 loss 0.1", "noise"],
+        2: ["(pid=1) step 4: reward 1e-3 loss 0"],
+    }.items():
         path = tmp_path / "attempts" / str(attempt)
         path.mkdir(parents=True)
         (path / "driver.log").write_text("\n".join(lines))
@@ -72,7 +78,9 @@ def test_a_chaos_killed_driver_is_observed_as_a_preempted_attempt(tiny: local.Lo
     assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
 
 
-@pytest.mark.parametrize(("code", "expected"), [(0, None), (1, FailureClass.APPLICATION_FAILURE), (3, FailureClass.FAILED_RESTORE)])
+@pytest.mark.parametrize(
+    ("code", "expected"), [(0, None), (1, FailureClass.APPLICATION_FAILURE), (3, FailureClass.FAILED_RESTORE)]
+)
 def test_a_driver_that_exits_by_itself_is_classified_by_its_exit_code(
     tiny: local.LocalRun, tmp_path: pathlib.Path, code: int, expected: FailureClass | None
 ) -> None:
@@ -94,7 +102,12 @@ def test_an_attempt_left_running_by_a_previous_supervisor_ends_as_preempted(tiny
 
 
 def test_status_file_is_written_atomically_and_read_back_after_a_failure_as_a_new_try(tiny: local.LocalRun) -> None:
-    tiny.status = {"phase": "Failed", "reason": "BudgetExhausted", "attempts": [{"number": 1}], "consecutiveFailures": 3}
+    tiny.status = {
+        "phase": "Failed",
+        "reason": "BudgetExhausted",
+        "attempts": [{"number": 1}],
+        "consecutiveFailures": 3,
+    }
     tiny.save_status()
     assert not list(tiny.dir.glob("*.tmp"))
     tiny.load_status()

@@ -58,8 +58,14 @@ def test_rayjob_is_named_from_run_and_attempt_owned_labelled_and_never_retried_b
     assert (meta["name"], meta["namespace"]) == ("tiny-a3", "ns")
     assert meta["labels"]["trainingrun.dev/run"] == "tiny" and meta["labels"]["trainingrun.dev/attempt"] == "3"
     assert meta["ownerReferences"] == [
-        {"apiVersion": "trainingrun.dev/v1alpha1", "kind": "TrainingRun", "name": "tiny", "uid": "uid-1",
-         "controller": True, "blockOwnerDeletion": True},
+        {
+            "apiVersion": "trainingrun.dev/v1alpha1",
+            "kind": "TrainingRun",
+            "name": "tiny",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        },
     ]
     spec = body["spec"]
     assert (spec["backoffLimit"], spec["shutdownAfterJobFinishes"], spec["submissionMode"]) == (0, True, "HTTPMode")
@@ -69,7 +75,7 @@ def test_entrypoint_runs_the_driver_with_run_attempt_resume_root_and_config() ->
     spec = spec_of("cluster.yaml")
     argv = shlex.split(rayjob.build_rayjob("reverse-digits", "team-a", "u", 4, 150, spec)["spec"]["entrypoint"])
     assert argv[:3] == ["python", "-m", "trainingrun_runtime"]
-    args = dict(zip(argv[3::2], argv[4::2]))
+    args = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert args["--run"] == "reverse-digits" and args["--namespace"] == "team-a"
     assert (args["--attempt"], args["--resume"], args["--reporter"]) == ("4", "150", "kubernetes")
     assert args["--root"] == "/checkpoints/trainingruns"
@@ -99,7 +105,9 @@ def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_iden
     assert workers["template"]["spec"]["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in workers["template"]["spec"]
     for pod in (head, workers["template"]["spec"]):
-        assert pod["volumes"] == [{"name": "checkpoints", "persistentVolumeClaim": {"claimName": "reverse-digits-checkpoints"}}]
+        assert pod["volumes"] == [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "reverse-digits-checkpoints"}}
+        ]
         assert pod["containers"][0]["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
     assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 2, 2)
     assert workers["template"]["spec"]["tolerations"][0]["key"] == "cloud.google.com/gke-spot"
@@ -109,8 +117,12 @@ def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_iden
 def test_driver_role_allows_get_and_patch_on_this_runs_status_only() -> None:
     role = identity.build_role("tiny", "ns", "u")
     assert role["rules"] == [
-        {"apiGroups": ["trainingrun.dev"], "resources": ["trainingruns/status"], "resourceNames": ["tiny"],
-         "verbs": ["get", "patch"]},
+        {
+            "apiGroups": ["trainingrun.dev"],
+            "resources": ["trainingruns/status"],
+            "resourceNames": ["tiny"],
+            "verbs": ["get", "patch"],
+        },
     ]
     binding = identity.build_role_binding("tiny", "ns", "u")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-driver"}

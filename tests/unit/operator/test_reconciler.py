@@ -16,7 +16,7 @@ from trainingrun_operator import patching, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
-NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 
 
 def tiny(status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -80,7 +80,9 @@ class FakeApi:
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         for job in self.jobs:
             if job["metadata"]["name"] == name:
-                job["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"  # being deleted, as KubeRay's finalizer keeps it
+                job["metadata"]["deletionTimestamp"] = (
+                    "2025-01-01T00:00:00Z"  # being deleted, as KubeRay's finalizer keeps it
+                )
         return bool(await self._call(f"delete rayjob {name}", True))
 
     async def post_event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -123,7 +125,9 @@ async def test_a_pass_notes_what_it_read_so_that_its_own_writes_wake_no_one_but_
 
 async def test_a_progress_report_wakes_no_one_but_a_new_checkpoint_in_it_does() -> None:
     checkpoint = {"step": 10, "path": "/c/tiny/step_10", "attempt": 1, "time": "t"}
-    read = tiny({"phase": "Running", "runtime": {"attempt": 1, "step": 10, "updated": "t1", "lastCheckpoint": checkpoint}})
+    read = tiny(
+        {"phase": "Running", "runtime": {"attempt": 1, "step": 10, "updated": "t1", "lastCheckpoint": checkpoint}}
+    )
     api, signals = FakeApi(read), wakeups.Wakeups()
     await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, None, signals)  # type: ignore[arg-type]
     progress = copy.deepcopy(read)
@@ -138,16 +142,27 @@ async def test_a_progress_report_wakes_no_one_but_a_new_checkpoint_in_it_does() 
 
 def running_attempt_whose_rayjob_failed() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     status = {
-        "phase": "Running", "reason": "AttemptRunning",
+        "phase": "Running",
+        "reason": "AttemptRunning",
         "attempt": {"number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z"},
         "identity": {"serviceAccountName": "tiny-driver", "roleName": "tiny-driver", "roleBindingName": "tiny-driver"},
-        "restarts": {"total": 0, "preempted": 0, "applicationFailure": 0, "infrastructureFailure": 0, "failedRestore": 0},
+        "restarts": {
+            "total": 0,
+            "preempted": 0,
+            "applicationFailure": 0,
+            "infrastructureFailure": 0,
+            "failedRestore": 0,
+        },
     }
     job = {
         "metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
         "spec": {},
-        "status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
-                   "message": "Job entrypoint command failed with exit code 1"},
+        "status": {
+            "jobDeploymentStatus": "Failed",
+            "jobStatus": "FAILED",
+            "reason": "AppFailed",
+            "message": "Job entrypoint command failed with exit code 1",
+        },
     }
     return tiny(status), [job]
 
@@ -169,22 +184,31 @@ async def test_a_zero_delay_stays_zero_however_long_the_pass_took() -> None:
     assert time.monotonic() - started > 0.05 and requeue == 0.0
 
 
-async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is_deleted_even_if_the_condition_is_gone() -> None:
+async def test_a_deleted_head_seen_as_a_disruption_target_is_preempted_even_if_the_condition_is_gone() -> None:
     """A status write after the DisruptionTarget condition (kwok's, a kubelet's) can replace the conditions before the
     pod's deletion is observed: the watch's memory of the disruption still decides."""
     from trainingrun_operator import departures, observation
 
     run, _jobs = running_attempt_whose_rayjob_failed()
-    job = {"metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
-           "spec": {}, "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}
+    job = {
+        "metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
+        "spec": {},
+        "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+    }
     head = {
-        "metadata": {"name": "tiny-a1-head", "deletionTimestamp": "2025-01-01T00:00:00Z",
-                     "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1", "ray.io/node-type": "head"}},
-        "spec": {}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        "metadata": {
+            "name": "tiny-a1-head",
+            "deletionTimestamp": "2025-01-01T00:00:00Z",
+            "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1", "ray.io/node-type": "head"},
+        },
+        "spec": {},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }
     seen = copy.deepcopy(head)
     del seen["metadata"]["deletionTimestamp"]
-    seen["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"})
+    seen["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    )
     memory = departures.Departures()
     memory.record("ns", "tiny", "1", observation.pod_observation(seen, None))
 
@@ -199,9 +223,11 @@ async def test_a_head_seen_as_a_disruption_target_counts_as_preempted_once_it_is
 
 def restarting(next_attempt_in: float) -> dict[str, Any]:
     run, _ = running_attempt_whose_rayjob_failed()
-    wake = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=next_attempt_in)
+    wake = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=next_attempt_in)
     run["status"].update(
-        phase="Restarting", reason="ApplicationFailure", consecutiveFailures=1,
+        phase="Restarting",
+        reason="ApplicationFailure",
+        consecutiveFailures=1,
         nextAttemptTime=timestamps.rfc3339(wake),
     )
     run["status"]["attempt"].update(end="2025-01-01T00:00:01Z", reason="ApplicationFailure")
@@ -212,7 +238,11 @@ async def test_a_pass_asked_for_a_backoffs_end_reads_ahead_and_starts_the_next_a
     api = FakeApi(restarting(0.15))
     started = time.monotonic()
     requeue = await reconciler.reconcile(
-        api, "ns", "tiny", reconciler.utc_now, not_before=started + 0.15  # type: ignore[arg-type]
+        api,
+        "ns",
+        "tiny",
+        reconciler.utc_now,
+        not_before=started + 0.15,  # type: ignore[arg-type]
     )
     assert "start create rayjob" in api.log and requeue is None, api.log
     assert time.monotonic() - started >= 0.14, "decided before the moment it was asked for"
@@ -222,7 +252,11 @@ async def test_a_pass_woken_long_before_it_is_due_decides_at_once() -> None:
     api = FakeApi(restarting(1.0))
     started = time.monotonic()
     requeue = await reconciler.reconcile(
-        api, "ns", "tiny", reconciler.utc_now, not_before=started + 1.0  # type: ignore[arg-type]
+        api,
+        "ns",
+        "tiny",
+        reconciler.utc_now,
+        not_before=started + 1.0,  # type: ignore[arg-type]
     )
     assert "start create rayjob" not in api.log and time.monotonic() - started < 0.1
     assert requeue is not None and 0.8 < requeue <= 1.0

@@ -49,18 +49,29 @@ def test_problems_of_the_model_and_of_the_trainer_come_together() -> None:
     [
         ({"trainer": {"grpo": {"lr": 0}}}, "spec.trainer.grpo.lr: must be > 0.0 (got 0)"),
         ({"trainer": {"task": {"digits": 99}}}, "spec.trainer.task.digits: must be <= 64 (got 99)"),
-        ({"trainer": {"task": {"kind": "sort"}}},
-         "spec.trainer.task.kind: must be one of 'reverse', 'copy' or 'increment' (got \"sort\")"),
-        ({"imagePullPolicy": "Sometimes"},
-         "spec.imagePullPolicy: must be one of 'Always', 'IfNotPresent' or 'Never' (got \"Sometimes\")"),
-        ({"trainer": {"seed": "zero"}},
-         "spec.trainer.seed: must be a valid integer, unable to parse string as an integer (got \"zero\")"),
+        (
+            {"trainer": {"task": {"kind": "sort"}}},
+            "spec.trainer.task.kind: must be one of 'reverse', 'copy' or 'increment' (got \"sort\")",
+        ),
+        (
+            {"imagePullPolicy": "Sometimes"},
+            "spec.imagePullPolicy: must be one of 'Always', 'IfNotPresent' or 'Never' (got \"Sometimes\")",
+        ),
+        (
+            {"trainer": {"seed": "zero"}},
+            'spec.trainer.seed: must be a valid integer, unable to parse string as an integer (got "zero")',
+        ),
         ({"checkpoint": {"pvc": {}}}, "spec.checkpoint.pvc.claimName: required, but missing"),
-        ({"trainer": {"model": {"dModel": 30, "nHeads": 4}}}, "spec.trainer.model: n_heads (4) must divide d_model (30)"),
+        (
+            {"trainer": {"model": {"dModel": 30, "nHeads": 4}}},
+            "spec.trainer.model: n_heads (4) must divide d_model (30)",
+        ),
         ({"trainer": {"grpo": {"lrr": 0.1}}}, "spec.trainer.grpo.lrr: unknown field (did you mean lr?)"),
-        ({"checkpoint": {"retention": {"keepLast": 3, "x": 1}}},
-         "spec.checkpoint.retention.x: unknown field; allowed here: keepLast, keepEvery"),
-        ({"trainer": "steps: 10"}, "spec.trainer: must be a valid dictionary (got \"steps: 10\")"),
+        (
+            {"checkpoint": {"retention": {"keepLast": 3, "x": 1}}},
+            "spec.checkpoint.retention.x: unknown field; allowed here: keepLast, keepEvery",
+        ),
+        ({"trainer": "steps: 10"}, 'spec.trainer: must be a valid dictionary (got "steps: 10")'),
     ],
 )
 def test_each_problem_says_what_is_allowed_and_what_was_given(spec: dict[str, Any], expected: str) -> None:

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, ValidationError
+
 from trainingrun_runtime import config
 
 
 def test_camel_case_and_snake_case_keys_build_the_same_config() -> None:
     camel = config.RuntimeConfig.model_validate(
-        {"trainer": {"promptsPerStep": 4, "grpo": {"groupSize": 4, "klCoef": 0.1}},
-         "checkpoint": {"savePeriod": 5, "keepLast": 2, "keepEvery": 10}}
+        {
+            "trainer": {"promptsPerStep": 4, "grpo": {"groupSize": 4, "klCoef": 0.1}},
+            "checkpoint": {"savePeriod": 5, "keepLast": 2, "keepEvery": 10},
+        }
     )
     snake = config.RuntimeConfig.model_validate(
-        {"trainer": {"prompts_per_step": 4, "grpo": {"group_size": 4, "kl_coef": 0.1}},
-         "checkpoint": {"save_period": 5, "keep_last": 2, "keep_every": 10}}
+        {
+            "trainer": {"prompts_per_step": 4, "grpo": {"group_size": 4, "kl_coef": 0.1}},
+            "checkpoint": {"save_period": 5, "keep_last": 2, "keep_every": 10},
+        }
     )
     assert camel == snake
     assert camel.checkpoint.save_period == 5
@@ -35,8 +40,12 @@ def test_an_empty_document_gives_the_documented_defaults() -> None:
 
 def test_every_field_has_a_description_that_states_its_default() -> None:
     models: list[type[BaseModel]] = [
-        config.ModelConfig, config.TaskConfig, config.GRPOConfig, config.SamplerConfig,
-        config.TrainerConfig, config.CheckpointConfig,
+        config.ModelConfig,
+        config.TaskConfig,
+        config.GRPOConfig,
+        config.SamplerConfig,
+        config.TrainerConfig,
+        config.CheckpointConfig,
     ]
     for model in models:
         for name, field in model.model_fields.items():

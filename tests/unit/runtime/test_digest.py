@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from trainingrun_runtime.digest import canonical_json, check_digest, sha256_hex
 from trainingrun_runtime.errors import DigestError
 

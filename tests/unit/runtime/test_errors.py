@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainingrun_runtime import errors
 
 ALL = [getattr(errors, name) for name in errors.__all__]

@@ -3,9 +3,10 @@ from __future__ import annotations
 import datetime
 
 import pytest
+
 from trainingrun_runtime import timestamps
 
-UTC = datetime.timezone.utc
+UTC = datetime.UTC
 
 
 def test_a_time_is_written_in_utc_with_a_z_to_the_millisecond_or_the_second() -> None:
@@ -22,7 +23,7 @@ def test_what_is_written_parses_back_to_the_same_instant() -> None:
 
 @pytest.mark.parametrize("text", ["yesterday", "2025-01-02T03:04:05", ""])
 def test_a_time_without_a_zone_or_not_a_time_is_refused_naming_it(text: str) -> None:
-    with pytest.raises(ValueError, match="RFC 3339|time zone"):
+    with pytest.raises(ValueError, match=r"RFC 3339|time zone"):
         timestamps.parse(text)
 
 

@@ -45,8 +45,15 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         if self.path.startswith("/big/"):
             payload = bytes(range(256)) * (int(self.path.rsplit("/", 1)[1]) // 256)
         else:
-            payload = json.dumps({"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
-                                  "body": body.decode(), "server": self.server.name}).encode()
+            payload = json.dumps(
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": dict(self.headers.items()),
+                    "body": body.decode(),
+                    "server": self.server.name,
+                }
+            ).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -81,8 +88,13 @@ def fwd(upstream: int) -> Iterator[proxy.ForwardProxy]:
         yield p
 
 
-def via(p: proxy.ForwardProxy, url: str, data: bytes | None = None, method: str | None = None,
-        headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def via(
+    p: proxy.ForwardProxy,
+    url: str,
+    data: bytes | None = None,
+    method: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": p.url}))
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
@@ -115,12 +127,19 @@ def test_a_routed_service_name_reaches_the_local_server_with_path_and_query(fwd:
 
 def test_a_post_body_arrives_intact_with_content_length_and_chunked(fwd: proxy.ForwardProxy) -> None:
     payload = json.dumps({"entrypoint": "python -c 'print(1)'", "submission_id": "x" * 5000})
-    status, body = via(fwd, f"http://{HEAD_SVC}:8265/api/jobs/", data=payload.encode(), method="POST",
-                       headers={"Content-Type": "application/json"})
+    status, body = via(
+        fwd,
+        f"http://{HEAD_SVC}:8265/api/jobs/",
+        data=payload.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     assert status == 200 and json.loads(body)["body"] == payload
 
-    chunked = (f"POST http://{HEAD_SVC}:8265/api/jobs/ HTTP/1.1\r\nHost: {HEAD_SVC}:8265\r\n"
-               "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").encode()
+    chunked = (
+        f"POST http://{HEAD_SVC}:8265/api/jobs/ HTTP/1.1\r\nHost: {HEAD_SVC}:8265\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    ).encode()
     answer = raw(fwd, chunked)
     assert answer.startswith(b"HTTP/1.1 200")
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["body"] == "hello world"
@@ -184,8 +203,7 @@ def test_connections_beyond_the_bound_get_503_and_slow_heads_time_out(fwd: proxy
     # Four silent clients fill the bound (max_connections=4); the fifth is refused at once.
     silent = [socket.create_connection(("127.0.0.1", fwd.port)) for _ in range(4)]
     try:
-        waiting.wait(lambda: fwd.stats.active >= 4, timeout=5, what="the proxy to hold four connections",
-                     interval=0.01)
+        waiting.wait(lambda: fwd.stats.active >= 4, timeout=5, what="the proxy to hold four connections", interval=0.01)
         assert raw(fwd, b"").startswith(b"HTTP/1.1 503")
         assert fwd.stats.rejected_busy == 1
         # header_timeout=1s: each silent client is answered 400 and its slot freed.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from support.loop import settle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 

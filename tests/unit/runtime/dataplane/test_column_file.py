@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from support.unit_rows import assert_same_rows, put_rows, unit_state
 from trainingrun_runtime.dataplane import column_file
 from trainingrun_runtime.errors import CheckpointCorrupt
@@ -47,7 +48,9 @@ def test_loaded_rows_are_views_into_one_buffer(tmp_path: Path) -> None:
 def test_a_format_1_pickle_is_refused_naming_the_file_and_the_fix(tmp_path: Path) -> None:
     old = tmp_path / "su_0_TQ_STORAGE_UNIT_old.pkl"
     old.write_bytes(pickle.dumps({"storage_unit_id": "x", "field_data": {}, "active_keys": set()}, protocol=5))
-    with pytest.raises(CheckpointCorrupt, match=rf"{old}: not a storage-unit snapshot of format 2 .* older trainingrun"):
+    with pytest.raises(
+        CheckpointCorrupt, match=rf"{old}: not a storage-unit snapshot of format 2 .* older trainingrun"
+    ):
         column_file.read(old)
 
 
@@ -154,4 +157,3 @@ def test_a_header_listing_a_row_twice_is_refused_naming_the_file_and_the_field(t
     path.write_bytes(raw.replace(listed, listed.replace(b"10,11", b"11,11")))  # same length, same layout
     with pytest.raises(CheckpointCorrupt, match=rf"{path}: field 'tokens' lists a row twice"):
         column_file.read(path)
-

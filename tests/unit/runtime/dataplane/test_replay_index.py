@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+
 from trainingrun_runtime import digest
 from trainingrun_runtime.dataplane.replay_index import ReplayIndex
 from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError

@@ -1,4 +1,5 @@
-"""The staged write of a unit file: several staging buffers, O_DIRECT or buffered, never past its final size, a failed write raised and the buffers freed."""
+"""The staged write of a unit file: several staging buffers, O_DIRECT or buffered, never past its final size, a
+failed write raised and the buffers freed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from support.unit_rows import assert_same_rows, big_state
 from trainingrun_runtime.dataplane import column_file
 
@@ -25,7 +27,9 @@ def test_a_file_of_several_staging_buffers_round_trips_with_the_sha256_of_its_by
     assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
 
 
-def test_a_filesystem_that_refuses_o_direct_gets_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_filesystem_that_refuses_o_direct_gets_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every local filesystem here accepts O_DIRECT (tmpfs too, since Linux 6.6): `os.open` stands in for one that
     refuses it, as older tmpfs and some network filesystems do, with EINVAL."""
     import errno
@@ -67,4 +71,3 @@ def test_a_failed_write_is_raised_by_result_and_frees_the_staging_buffers(
         column_file.write(tmp_path / "su", big_state()).result(timeout=30)
     monkeypatch.undo()
     assert column_file.write(tmp_path / "again", big_state()).result(timeout=30).size > 0
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from trainingrun_runtime.driver import controller
 
 
@@ -52,4 +53,3 @@ async def test_a_lane_that_returns_on_its_own_is_an_error() -> None:
             {asyncio.create_task(lane(), name="rollout-lane-0"), asyncio.create_task(pump(), name="train-pump")},
             until="train-pump",
         )
-

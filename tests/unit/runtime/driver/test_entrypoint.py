@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from trainingrun_runtime.driver import entrypoint
 
 
@@ -42,4 +43,3 @@ def test_an_index_rebuild_failure_in_the_actor_is_a_failed_restore_and_a_superse
     assert entrypoint.is_restore_error(DigestError("digest mismatch"))
     assert not entrypoint.is_restore_error(Superseded("attempt 3 owns the directory"))
     assert not entrypoint.is_restore_error(DataPlaneError("snapshot failed"))
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from trainingrun_runtime import config
 from trainingrun_runtime.driver import generation_workers
 from trainingrun_runtime.grpo import trainer
@@ -25,4 +26,3 @@ def test_a_generator_refuses_a_version_it_does_not_hold_and_reports_the_one_it_u
     tr = trainer.Trainer(cfg)
     assert gen.load_weights(1, tr.weights()) == 1
     assert gen.generate(0, 0, version=None)["version"] == 1
-

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from support.loop import settle
 from trainingrun_runtime import timestamps
 from trainingrun_runtime.driver import reporting
@@ -92,11 +93,27 @@ class Training:
         self.checkpoint: int | None = None
 
     def status(self) -> reporting.RuntimeStatus:
-        last = None if self.checkpoint is None else reporting.CheckpointReport(
-            step=self.checkpoint, path=f"/c/run/step_{self.checkpoint}", attempt=1, replayDigest="d",
-            weightsSha256="w", time="t")
-        return reporting.RuntimeStatus(attempt=1, step=self.step, reward=None, updated=timestamps.now(),
-                                      lastCheckpoint=last, restoreError=None, finished=False)
+        last = (
+            None
+            if self.checkpoint is None
+            else reporting.CheckpointReport(
+                step=self.checkpoint,
+                path=f"/c/run/step_{self.checkpoint}",
+                attempt=1,
+                replayDigest="d",
+                weightsSha256="w",
+                time="t",
+            )
+        )
+        return reporting.RuntimeStatus(
+            attempt=1,
+            step=self.step,
+            reward=None,
+            updated=timestamps.now(),
+            lastCheckpoint=last,
+            restoreError=None,
+            finished=False,
+        )
 
 
 def make(period: float) -> tuple[reporting.ProgressReports, Recorder, Training, Clock]:
@@ -190,10 +207,12 @@ def test_a_negative_period_is_refused_naming_it() -> None:
 
 
 def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad() -> None:
-    view = reporting.OperatorView.of({
-        "attempt": {"number": 3, "start": "t"},
-        "checkpoints": {"latest": {"step": 30}, "history": [{"step": 10}, {"step": 20}, {"step": 30}], "bad": [30]},
-    })
+    view = reporting.OperatorView.of(
+        {
+            "attempt": {"number": 3, "start": "t"},
+            "checkpoints": {"latest": {"step": 30}, "history": [{"step": 10}, {"step": 20}, {"step": 30}], "bad": [30]},
+        }
+    )
     assert view == reporting.OperatorView(attempt=3, attempt_ended=False, pinned=20)
     assert reporting.OperatorView.of({}) == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
 
@@ -209,7 +228,8 @@ def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad() -> Non
     ],
 )
 def test_an_attempt_has_ended_once_the_operator_ended_it_or_moved_past_it(
-        status: dict[str, object], mine: int, ended: bool) -> None:
+    status: dict[str, object], mine: int, ended: bool
+) -> None:
     assert reporting.OperatorView.of(status).ended(mine) is ended
 
 
@@ -217,7 +237,9 @@ def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_t
     rep = reporting.FileReporter(tmp_path, "run", 2)
     assert rep.operator_view() == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "status.json").write_text(json.dumps({"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 8}}}))
+    (tmp_path / "run" / "status.json").write_text(
+        json.dumps({"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 8}}})
+    )
     assert rep.operator_view() == reporting.OperatorView(attempt=2, attempt_ended=False, pinned=8)
     (tmp_path / "run" / "status.json").write_text("{half")
     assert rep.operator_view() is None  # unreadable: the caller skips retention rather than guess
@@ -225,11 +247,15 @@ def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_t
 
 def _status(step: int) -> reporting.RuntimeStatus:
     return reporting.RuntimeStatus(
-        attempt=2, step=step, reward=0.5, updated=timestamps.now(),
+        attempt=2,
+        step=step,
+        reward=0.5,
+        updated=timestamps.now(),
         lastCheckpoint=reporting.CheckpointReport(
             step=step, path=f"/r/run/step_{step}", attempt=2, replayDigest="d", weightsSha256="w", time="t"
         ),
-        restoreError=None, finished=False,
+        restoreError=None,
+        finished=False,
     )
 
 
@@ -254,4 +280,3 @@ def test_the_kubernetes_reporter_pickles_without_its_client() -> None:
     rep._api = object()
     clone = pickle.loads(pickle.dumps(rep))
     assert clone._api is None and clone.kubeconfig == "/nowhere"
-

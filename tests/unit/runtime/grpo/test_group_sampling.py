@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from trainingrun_runtime import config
 from trainingrun_runtime.grpo import group_sampling, seeding, task, transformer
 

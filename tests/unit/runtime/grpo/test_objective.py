@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from trainingrun_runtime.grpo import objective
 
 
@@ -19,7 +20,9 @@ def test_advantages_are_normalised_within_each_group_with_the_sample_std() -> No
 def test_a_group_with_equal_rewards_gets_zero_advantage_not_nan() -> None:
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     adv = objective.group_advantages(rewards, eps=1e-4)
-    assert torch.allclose(adv[0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)]) / (1 + 1e-4 * math.sqrt(2)), atol=1e-6)
+    assert torch.allclose(
+        adv[0], torch.tensor([1 / math.sqrt(2), -1 / math.sqrt(2)]) / (1 + 1e-4 * math.sqrt(2)), atol=1e-6
+    )
     assert adv[1].tolist() == [0.0, 0.0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from trainingrun_runtime import config
 from trainingrun_runtime.grpo import group_sampling, objective, trainer
 

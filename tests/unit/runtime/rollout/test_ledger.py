@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from trainingrun_runtime.errors import LedgerError
 from trainingrun_runtime.rollout import ledger
 
@@ -32,4 +33,3 @@ def test_restoring_the_ledger_queues_in_flight_prompts_for_redispatch() -> None:
     assert restored.load_state_dict(json.loads(json.dumps(book.state_dict()))) == [0, 2]
     assert restored.queued() == [0, 2]
     assert restored.in_state(ledger.State.COMMITTED) == [1]
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from trainingrun_runtime.rollout import prompt_loader
 
 
@@ -28,4 +29,3 @@ def test_a_restored_loader_continues_where_the_saved_one_was() -> None:
     assert [restored.next() for _ in range(5)] == rest
     with pytest.raises(ValueError, match="dataset_size"):
         prompt_loader.PromptLoader(11, 3).load_state_dict(state)
-

@@ -6,6 +6,7 @@ import copy
 import random
 
 import pytest
+
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
 
 
@@ -92,10 +93,16 @@ class _Sim:
         return True
 
     def snapshot(self) -> dict[str, object]:
-        return copy.deepcopy({
-            "loader": self.loader.state_dict(), "sampler": self.smp.state_dict(), "index": dict(self.committed),
-            "ledger": self.book.state_dict(), "version": self.version, "trained": list(self.trained),
-        })
+        return copy.deepcopy(
+            {
+                "loader": self.loader.state_dict(),
+                "sampler": self.smp.state_dict(),
+                "index": dict(self.committed),
+                "ledger": self.book.state_dict(),
+                "version": self.version,
+                "trained": list(self.trained),
+            }
+        )
 
     def restore(self, snap: dict[str, object]) -> None:
         self.loader.load_state_dict(snap["loader"])  # type: ignore[arg-type]
@@ -142,4 +149,3 @@ def test_crashes_between_any_two_turns_lose_no_committed_group_and_train_no_prom
         assert trained == _Sim(make()).run(random.Random(seed + 100), steps=12)
     else:
         assert len(trained) == 36
-

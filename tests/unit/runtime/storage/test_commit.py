@@ -1,4 +1,5 @@
-"""The commit of a bundle: every file listed with its size and checksum, the manifest last, the rename after it; re-saves; what begin cleans."""
+"""The commit of a bundle: every file listed with its size and checksum, the manifest last, the rename after it; re-
+saves; what begin cleans."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from support.bundles import RUN, contents, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
 from trainingrun_runtime.storage import commit, files
@@ -87,7 +89,7 @@ def test_links_and_foreign_manifests_are_refused_at_commit(tmp_path: Path) -> No
         pending.commit(1, "c", "d", "authoritative")
     pending = writer.begin(1)
     (pending.path / MANIFEST).write_bytes(b"{}")
-    with pytest.raises(CheckpointCorrupt, match="manifest.json is reserved"):
+    with pytest.raises(CheckpointCorrupt, match=r"manifest\.json is reserved"):
         pending.commit(1, "c", "d", "authoritative")
     assert not (tmp_path / RUN / "step_1").exists()
 
@@ -125,4 +127,3 @@ def test_an_old_dir_next_to_its_step_is_a_leftover_and_is_skipped(tmp_path: Path
     assert (run / "old_step_2", "leftover of a re-save (step_N exists)") in d.skipped
     BundleWriter(tmp_path, RUN).begin(3).abort()
     assert sorted(os.listdir(run)) == ["step_2"]
-

@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 import trainingrun_runtime
 from trainingrun_runtime.storage.commit import COMMIT_STAGES, BundleWriter
 from trainingrun_runtime.storage.verification import discover, verify

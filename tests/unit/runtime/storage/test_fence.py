@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from trainingrun_runtime.errors import Superseded, TrainingRunError
 from trainingrun_runtime.storage import fence
 
@@ -62,7 +63,9 @@ def test_without_an_owner_file_anyone_may_write(tmp_path: Path) -> None:
         ('{"attempt": 2, "runUid": 7}', "runUid must be a string"),
     ],
 )
-def test_a_damaged_owner_file_is_refused_naming_the_file_and_the_fix(tmp_path: Path, content: str, problem: str) -> None:
+def test_a_damaged_owner_file_is_refused_naming_the_file_and_the_fix(
+    tmp_path: Path, content: str, problem: str
+) -> None:
     (tmp_path / fence.OWNER_FILE).write_text(content)
     with pytest.raises(TrainingRunError, match=problem) as caught:
         fence.check(tmp_path, "u", 1)

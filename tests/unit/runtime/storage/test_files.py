@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from trainingrun_runtime.storage import files
 
 
@@ -24,4 +25,3 @@ def test_hash_file_gives_size_and_sha256_of_small_and_boundary_sized_files(tmp_p
     p.write_bytes(data)
     assert files.hash_file(p) == {"size": size, "sha256": hashlib.sha256(data).hexdigest()}
     assert files.hash_file(p) == files.hash_file(p)  # a reused buffer carries nothing over
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from trainingrun_runtime.storage import layout
 from trainingrun_runtime.storage.commit import BundleWriter
 
@@ -12,4 +13,3 @@ def test_run_names_and_steps_are_checked() -> None:
         BundleWriter("/tmp", "../escape")
     with pytest.raises(ValueError, match="non-negative int"):
         layout.step_dirname(-1)
-

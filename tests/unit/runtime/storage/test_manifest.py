@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 
 import pytest
+
 from support.bundles import RUN
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import manifest
@@ -52,7 +53,9 @@ def test_a_manifest_survives_a_round_trip_through_json() -> None:
         (lambda d: d.update(files=[]), "'files' must be dict"),
     ],
 )
-def test_an_invalid_manifest_is_refused_naming_the_key(mutate: Callable[[dict[str, object]], object], problem: str) -> None:
+def test_an_invalid_manifest_is_refused_naming_the_key(
+    mutate: Callable[[dict[str, object]], object], problem: str
+) -> None:
     d = sample_manifest().to_dict()
     mutate(d)
     with pytest.raises(CheckpointCorrupt) as info:
@@ -65,4 +68,3 @@ def test_a_manifest_with_nan_is_not_valid_json() -> None:
     raw = sample_manifest().to_json().replace(b'"extra": {', b'"extra": {"x": NaN, ')
     with pytest.raises(CheckpointCorrupt, match="not valid JSON"):
         Manifest.from_json(raw)
-

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import MANIFEST
 from trainingrun_runtime.storage.retention import apply_retention

@@ -1,4 +1,5 @@
-"""Verification and discovery: only listed, checksummed files are handed out; a corrupt step is refused naming the file and the problem, and discovery falls back to the previous one."""
+"""Verification and discovery: only listed, checksummed files are handed out; a corrupt step is refused naming the
+file and the problem, and discovery falls back to the previous one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from support.bundles import RUN, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
 from trainingrun_runtime.storage import verification
@@ -183,4 +185,3 @@ def test_a_checkpoint_copied_under_another_run_is_refused(tmp_path: Path) -> Non
         verify(other / "step_1")
     assert verify(other / "step_1", run=RUN).step == 1
     assert discover(tmp_path, "other-run").chosen is None
-
