@@ -54,7 +54,7 @@ from trainingrun_runtime import digest
 from trainingrun_runtime.dataplane import snapshot as data_plane_snapshot
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer, run_blocking
-from trainingrun_runtime.dataplane.replay_index import ReplayConfig, ReplayIndex
+from trainingrun_runtime.dataplane.replay_index import ReplayConfig, ReplayIndex, inventory_difference
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError, InventoryMismatch
 from trainingrun_runtime.storage import commit, layout, manifest, verification
@@ -241,14 +241,11 @@ class DataPlaneCheckpointer:
 
 
 def _check_inventory(indexed: set[str], stored: list[str], step: int) -> None:
-    found = set(stored)
-    if found == indexed:
-        return
-    extra, missing = sorted(found - indexed), sorted(indexed - found)
-    raise InventoryMismatch(
-        f"checkpoint of step {step} abandoned: TransferQueue's rows differ from the replay index: "
-        f"{len(extra)} stored but not indexed {extra[:5]}, {len(missing)} indexed but not stored {missing[:5]}"
-    )
+    difference = inventory_difference(indexed, stored)
+    if difference is not None:
+        raise InventoryMismatch(
+            f"checkpoint of step {step} abandoned: TransferQueue's rows differ from the replay index: {difference}"
+        )
 
 
 # -- restore -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any, Final
 from trainingrun_runtime import digest
 from trainingrun_runtime.errors import DataPlaneError, DigestError, PreflightError
 
-__all__ = ["STATE_FORMAT", "GroupRecord", "GroupRows", "ReplayConfig", "ReplayIndex"]
+__all__ = ["STATE_FORMAT", "GroupRecord", "GroupRows", "ReplayConfig", "ReplayIndex", "inventory_difference"]
 
 STATE_FORMAT: Final = 1
 
@@ -244,11 +244,16 @@ def _record_from(raw: object, group_size: int, where: str) -> GroupRecord:
     return record
 
 
-def _check_inventory(indexed: set[str], stored: set[str], where: str) -> None:
+def inventory_difference(indexed: Collection[str], stored: Collection[str]) -> str | None:
+    """How the sample ids the data plane stores differ from the index's, in words; None when they are the same."""
+    indexed, stored = set(indexed), set(stored)
     if indexed == stored:
-        return
+        return None
     extra, missing = sorted(stored - indexed), sorted(indexed - stored)
-    raise PreflightError(
-        f"{where}: the data plane's rows differ from the index: {len(extra)} stored but not indexed "
-        f"{extra[:5]}, {len(missing)} indexed but not stored {missing[:5]}"
-    )
+    return f"{len(extra)} stored but not indexed {extra[:5]}, {len(missing)} indexed but not stored {missing[:5]}"
+
+
+def _check_inventory(indexed: set[str], stored: set[str], where: str) -> None:
+    difference = inventory_difference(indexed, stored)
+    if difference is not None:
+        raise PreflightError(f"{where}: the data plane's rows differ from the index: {difference}")
