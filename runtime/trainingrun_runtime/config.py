@@ -21,7 +21,7 @@ The config hash covers ONLY the math-relevant fields, listed in `MATH_FIELDS`:
 Deliberately excluded (changing them never changes a trained weight):
 `trainer.steps` (the step limit; a run may be extended), `trainer.generation_workers`
 (every random draw is derived from (seed, sample id, policy version), so the number of
-workers cannot change a sample), `trainer.log_every`, and all of `checkpoint`.
+workers cannot change a sample), `trainer.log_every`, and all of `checkpoint` and `generation`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "GENERATION_RESOURCE",
     "MATH_FIELDS",
     "CheckpointConfig",
     "GRPOConfig",
+    "GenerationConfig",
     "ModelConfig",
     "RuntimeConfig",
     "SamplerConfig",
@@ -175,11 +177,40 @@ class CheckpointConfig(_Model):
     )
 
 
+GENERATION_RESOURCE = "trainingrun_generation"
+"""The Ray custom resource the operator gives every worker group's nodes; a generation worker asks for one unit of it
+when the run has worker groups, so generation runs there and nothing else does (run state stays on the head)."""
+
+
+class GenerationConfig(_Model):
+    """Where the generation workers run, and how long a run waits for a lost one (set by the operator, not the user)."""
+
+    on_worker_groups: bool = Field(
+        default=False,
+        description=(
+            "The run has worker groups (`spec.ray.workers`): generation workers run only there, each asking for one "
+            f"unit of the `{GENERATION_RESOURCE}` resource. False: they run beside the driver. Default false."
+        ),
+    )
+    replacement_seconds: float = Field(
+        default=300.0,
+        ge=0.0,
+        description=(
+            "How long the driver trains on (async) or waits (in_order) without any generation worker before it "
+            "gives up (`spec.restartPolicy.workerReplacementSeconds`); the attempt then ends and the next one "
+            "resumes from the newest checkpoint. Default 300."
+        ),
+    )
+
+
 class RuntimeConfig(_Model):
-    """Everything the driver needs: `{"trainer": {...}, "checkpoint": {...}}` (the `--config-json` value)."""
+    """Everything the driver needs: `{"trainer", "checkpoint", "generation"}` (the `--config-json` value)."""
 
     trainer: TrainerConfig = Field(default=TrainerConfig(), description="The TrainingRun's spec.trainer.")
     checkpoint: CheckpointConfig = Field(default=CheckpointConfig(), description="Save period and retention.")
+    generation: GenerationConfig = Field(
+        default=GenerationConfig(), description="Where generation runs; never part of the config hash."
+    )
 
 
 MATH_FIELDS: tuple[str, ...] = (

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigMismatch",
     "DataPlaneError",
     "DigestError",
+    "GenerationLost",
     "InventoryMismatch",
     "LedgerError",
     "PreflightError",
@@ -53,6 +54,10 @@ class DataPlaneError(TrainingRunError):
 
 class ConfigMismatch(TrainingRunError):
     """The checkpoint was written under other math than the config resuming it: resume with that config or anew."""
+
+
+class GenerationLost(TrainingRunError):
+    """No generation worker came back within the bound: the attempt ends (exit code 4); the next resumes."""
 
 
 class LedgerError(TrainingRunError):

@@ -154,12 +154,14 @@ class BootstrapDataPlane(DataPlaneClient):
         storage_units: int = 2,
         capacity: int | None = None,
         init_timeout_s: float = 300.0,
+        node_id: str | None = None,
     ) -> BootstrapDataPlane:
         """Create TransferQueue in the connected Ray cluster (which must not have one yet).
 
         Checks that Ray has `1 + storage_units` free CPU slots first (0.1.11's `tq.init`
         otherwise waits forever), installs the storage fix, turns polling mode on.
-        `capacity` bounds the rows stored (None: unbounded).
+        `capacity` bounds the rows stored (None: unbounded). `node_id`: the Ray node that holds
+        TransferQueue's controller and every storage unit (the head; see `storage_unit.install`).
         """
         if not ray.is_initialized():
             raise DataPlaneError("Ray is not initialized; call ray.init() before starting the data plane")
@@ -176,7 +178,16 @@ class BootstrapDataPlane(DataPlaneClient):
                 f"but only {free:g} are free; tq.init would wait forever. Start Ray with more logical CPUs "
                 "(e.g. ray.init(num_cpus=8)) or fewer storage units"
             )
-        storage_unit.install()
+        if node_id is not None:
+            nodes = ray.nodes()  # type: ignore[no-untyped-call]
+            on_node = next((n["Resources"].get("CPU", 0.0) for n in nodes if n["NodeID"] == node_id), 0.0)
+            if on_node < need:
+                raise DataPlaneError(
+                    f"TransferQueue's controller and {storage_units} storage units live on the head (Ray node "
+                    f"{node_id[:12]}), which has {on_node:g} logical CPUs; they need {need}. Give the head more "
+                    "(spec.ray.head.rayStartParams num-cpus; they are logical slots, not cores)"
+                )
+        storage_unit.install(node_id)
         conf = {
             "controller": {"polling_mode": True},
             "backend": {

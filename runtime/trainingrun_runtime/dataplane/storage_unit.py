@@ -35,6 +35,8 @@ from typing import Any, Final
 
 import ray
 import transfer_queue  # type: ignore[import-untyped]
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transfer_queue import interface as tq_interface
 from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
@@ -73,6 +75,8 @@ def check_version() -> None:
             (simple_storage, "StorageUnitData"),
             (simple_storage, "SimpleStorageUnit"),
             (simple_storage_bootstrap, "SimpleStorageUnit"),
+            (simple_storage_bootstrap, "get_node_round_robin_scheduling_strategies"),
+            (tq_interface, "TransferQueueController"),
         )
         if not hasattr(owner, name)
     ]
@@ -143,12 +147,17 @@ class CompactSimpleStorageUnit(simple_storage.SimpleStorageUnit.__ray_actor_clas
 
 
 _COMPACT_UNIT: Any = None
+_SPREAD_UNITS = simple_storage_bootstrap.get_node_round_robin_scheduling_strategies
+_CONTROLLER = tq_interface.TransferQueueController
 
 
-def install() -> None:
-    """Make TransferQueue's SimpleStorage bootstrap start `CompactSimpleStorageUnit`s; call before `tq.init`.
+def install(node_id: str | None = None) -> None:
+    """Make TransferQueue's bootstrap start `CompactSimpleStorageUnit`s, on `node_id` if given; call before `tq.init`.
 
-    Idempotent. Affects storage units created afterwards by this process.
+    With `node_id` (the head: the driver's node), TransferQueue's controller and every storage unit are created
+    there with hard node affinity, so no worker's loss can take run state with it; without it, TransferQueue
+    places them itself (its units go round robin over every node). Affects what `tq.init` creates afterwards in
+    this process; calling it again replaces the placement.
     """
     global _COMPACT_UNIT
     check_version()
@@ -157,3 +166,22 @@ def install() -> None:
     if simple_storage_bootstrap.SimpleStorageUnit is not _COMPACT_UNIT:
         simple_storage_bootstrap.SimpleStorageUnit = _COMPACT_UNIT
         log.info("SimpleStorage checkpoint fix installed (transferqueue %s)", PINNED_TQ_VERSION)
+    if node_id is None:
+        simple_storage_bootstrap.get_node_round_robin_scheduling_strategies = _SPREAD_UNITS
+        tq_interface.TransferQueueController = _CONTROLLER
+        return
+    pinned = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    simple_storage_bootstrap.get_node_round_robin_scheduling_strategies = lambda n, **_: [pinned] * n
+    tq_interface.TransferQueueController = _PinnedActorClass(_CONTROLLER, pinned)
+
+
+class _PinnedActorClass:
+    """A Ray actor class whose `.options(...)` always adds one scheduling strategy (TransferQueue's own call sets
+    only the name and the namespace)."""
+
+    def __init__(self, actor_class: Any, strategy: NodeAffinitySchedulingStrategy) -> None:
+        self._actor_class = actor_class
+        self._strategy = strategy
+
+    def options(self, **options: Any) -> Any:
+        return self._actor_class.options(**options, scheduling_strategy=self._strategy)

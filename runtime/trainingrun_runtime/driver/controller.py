@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -51,7 +51,16 @@ from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
-from trainingrun_runtime.driver import checkpoints, crashpoints, events, reporting, restore, trainers
+from trainingrun_runtime.driver import (
+    checkpoints,
+    crashpoints,
+    events,
+    generation_workers,
+    placement,
+    reporting,
+    restore,
+    trainers,
+)
 from trainingrun_runtime.errors import PreflightError
 from trainingrun_runtime.grpo import objective, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
@@ -89,6 +98,11 @@ class SingleControllerActorArgs:
     config_hash: str
     trainers: trainers.Trainers
     generators: list[Any]
+    """The first generation workers, each holding the restored version's weights."""
+    generation_options: dict[str, Any]
+    """Ray actor options of a generation worker (`placement.generation`), for replacements."""
+    name_prefix: str
+    """`<run>-a<attempt>`: actor names start with it."""
     loader: prompt_loader.PromptLoader
     sampler: samplers.Sampler
     ledger: ledger.Ledger
@@ -132,13 +146,25 @@ class SingleController:
         self._rows_ready = asyncio.Event()
         self.version = a.sampler.step
         self.rewards: list[float] = []
-        tasks = {asyncio.create_task(self._train_pump(), name="train-pump")}
-        lanes = 2 * len(a.generators)
-        for i in range(lanes):
-            worker = a.generators[i % len(a.generators)]
-            tasks.add(asyncio.create_task(self._rollout_lane(worker), name=f"rollout-lane-{i}"))
+        self.fleet = generation_workers.Fleet(
+            a.generators,
+            spawn=self._spawn_generator,
+            install=self._install_generator,
+            replacement_s=a.config.generation.replacement_seconds,
+            event_log=a.event_log,
+        )
+        tasks = {
+            asyncio.create_task(self._train_pump(), name="train-pump"),
+            asyncio.create_task(self.fleet.watch(), name="generation-watch"),
+        }
+        for i in range(2 * len(self.fleet.slots)):
+            slot = self.fleet.slots[i % len(self.fleet.slots)]
+            tasks.add(asyncio.create_task(self._rollout_lane(slot), name=f"rollout-lane-{i}"))
         a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
-        await _supervise(tasks, until="train-pump")
+        try:
+            await _supervise(tasks, until="train-pump")
+        finally:
+            self.fleet.stop()
         await self.reports.drain()  # the driver's final report comes after every report of this actor
         sha = await a.trainers.weights_sha256()
         a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
@@ -199,23 +225,38 @@ class SingleController:
                 return prompt.uid, prompt.index, version
         return None
 
-    async def _dispatch(self, worker: Any) -> tuple[int, int, Any]:
-        """Choose, reserve and submit one group; returns (uid, version, ObjectRef of the generated group)."""
+    async def _dispatch(self, slot: generation_workers.Slot) -> tuple[int, int, Any] | None:
+        """Choose, reserve and submit one group; (uid, version, ObjectRef of the group), None if `slot` was lost."""
         g = self.args.config.trainer.grpo.group_size
         async with self._cond:
-            while (picked := self._pick()) is None:
+            while True:
+                if slot.actor is None or not slot.ready.is_set():
+                    return None  # lost while this lane waited for work
+                if (picked := self._pick()) is not None:
+                    break
                 await self._cond.wait()
             uid, index, version = picked
             rows = group_rows(uid, g)
             await self.replay.reserve(rows.group_id, rows.sample_ids, {"uid": uid, "version": version})
-            ref = worker.generate.remote(uid, index, version)  # under the lock: no weight sync in between
+            ref = slot.actor.generate.remote(uid, index, version)  # under the lock: no weight sync in between
         return uid, version, ref
 
-    async def _rollout_lane(self, worker: Any) -> None:
+    async def _rollout_lane(self, slot: generation_workers.Slot) -> None:
         g = self.args.config.trainer.grpo.group_size
         while True:
-            uid, version, ref = await self._dispatch(worker)
-            group = await ref
+            await slot.ready.wait()  # a replaced worker generates once it holds the current weights
+            dispatched = await self._dispatch(slot)
+            if dispatched is None:
+                continue
+            uid, version, ref = dispatched
+            try:
+                group = await ref
+            except Exception as e:
+                if not generation_workers.is_lost(e):
+                    raise
+                self.fleet.lost(slot, e)
+                await self._return(uid)  # the same prompt, the same sample ids, to another worker
+                continue
             if group["version"] != version:
                 raise RuntimeError(f"uid {uid}: asked for version {version}, generated with {group['version']}")
             fields = {
@@ -269,6 +310,26 @@ class SingleController:
                 await self.checkpoints.save(done, reward, self._capture)
         await self.checkpoints.settle()
 
+    async def _return(self, uid: int) -> None:
+        """A prompt whose worker was lost goes back to the queue: its reservation dropped, nothing was stored."""
+        rows = group_rows(uid, self.args.config.trainer.grpo.group_size)
+        async with self._cond:
+            await self.replay.cancel(rows.group_id)
+            self.args.ledger.returned(uid)  # same loop turn as the cancel
+            self._cond.notify_all()
+
+    def _spawn_generator(self, index: int, incarnation: int) -> Any:
+        a = self.args
+        name = f"{a.name_prefix}-gen-{index}-r{incarnation}"
+        return generation_workers.spawn(a.config.trainer, name, a.generation_options)
+
+    async def _install_generator(self, slot: generation_workers.Slot, actor: Any) -> None:
+        """Give a replacement the current weights; from here on every weight sync reaches it too (same lock)."""
+        async with self._cond:
+            slot.actor = actor
+            load = actor.load_weights.remote(self.version, self.args.trainers.weights_ref())
+        await load
+
     async def _drop(self, uids: tuple[int, ...]) -> None:
         g = self.args.config.trainer.grpo.group_size
         async with self._cond:
@@ -293,10 +354,15 @@ class SingleController:
         a = self.args
         async with self._cond:
             weights = a.trainers.weights_ref()
-            loads = [gen.load_weights.remote(a.sampler.step, weights) for gen in a.generators]
+            slots = self.fleet.with_actors()
+            loads = [cast(Any, slot.actor).load_weights.remote(a.sampler.step, weights) for slot in slots]
             self.version = a.sampler.step
             self._cond.notify_all()
-        await asyncio.gather(*loads)
+        for slot, result in zip(slots, await asyncio.gather(*loads, return_exceptions=True), strict=True):
+            if isinstance(result, BaseException):
+                if not generation_workers.is_lost(result):
+                    raise result
+                self.fleet.lost(slot, result)  # its lanes return what they had in flight
 
     # -- checkpoint -----------------------------------------------------------------------------
 
@@ -346,9 +412,9 @@ async def _supervise(tasks: set[asyncio.Task[None]], *, until: str) -> None:
             await asyncio.wait(pending)
 
 
-def actor(name: str) -> Any:
-    """The Ray actor class for `SingleController`, named `name` (one asyncio loop: an async actor)."""
+def actor(name: str, head: str) -> Any:
+    """The Ray actor class for `SingleController`, named `name`, on the head (one asyncio loop: an async actor)."""
     import ray
 
     actor_cls: Any = ray.remote(SingleController)
-    return actor_cls.options(name=name, num_cpus=0, max_restarts=0, max_concurrency=1000)
+    return actor_cls.options(name=name, num_cpus=0, max_restarts=0, max_concurrency=1000, **placement.on_head(head))

@@ -2,7 +2,8 @@
 
     parse args + config ──bad──► exit 2
     setup_single_controller() ──RestoreFailed──► report restoreError, stderr "RestoreFailed: …", exit 3
-    actor.run() ──error──► exit 1 (its original error is logged)
+    actor.run() ──GenerationLost──► stderr "GenerationLost: …", exit 4 (no generation worker came back in time)
+               ──error──► exit 1 (its original error is logged)
     final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
 
     python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step>
@@ -11,8 +12,8 @@
 
 Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
 (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
-This is the only module that prints (the final `RestoreFailed:` line) or sets up
-logging.
+This is the only module that prints (the final `RestoreFailed:` or `GenerationLost:` line) or sets up
+logging. The operator classifies an attempt by these exit codes (3: FailedRestore, 4: Preempted).
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ import pydantic
 
 from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import events, reporting, setup
-from trainingrun_runtime.errors import DigestError, PreflightError, RestoreFailed, Superseded
+from trainingrun_runtime.errors import DigestError, GenerationLost, PreflightError, RestoreFailed, Superseded
 
-__all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
+__all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_GENERATION_LOST", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
+EXIT_GENERATION_LOST = 4
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         cause = getattr(e, "cause", None) or e
         log.error("run failed: %s: %s", type(cause).__name__, cause)
+        if isinstance(cause, GenerationLost):
+            _close(built)
+            print(f"GenerationLost: {cause}", file=sys.stderr)
+            return EXIT_GENERATION_LOST
         if is_restore_error(cause):
             _report_restore_error(rep, opts, f"{type(cause).__name__}: {cause}")
             _close(built)

@@ -29,7 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from trainingrun_runtime import config
-from trainingrun_runtime.driver import controller, crashpoints, events, generation_workers, reporting, restore, trainers
+from trainingrun_runtime.driver import (
+    controller,
+    crashpoints,
+    events,
+    generation_workers,
+    placement,
+    reporting,
+    restore,
+    trainers,
+)
 from trainingrun_runtime.storage import fence, layout
 
 __all__ = ["DriverOptions", "Setup", "setup_single_controller"]
@@ -92,7 +101,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     _init_ray(opts)
     ev.emit("ray_started")
     prefix = f"{opts.run}-a{opts.attempt}"
-    the_trainers = trainers.Trainers(tcfg, prefix)
+    head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
+    the_trainers = trainers.Trainers(tcfg, prefix, head)
     ev.emit("tq_started")
     rollout = restore.Rollout.fresh(tcfg)
     try:
@@ -101,7 +111,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         the_trainers.close()
         raise
 
-    generators = _start_generators(tcfg, prefix, the_trainers, version=rollout.sampler.step)
+    generation_options = placement.generation(opts.config.generation)
+    generators = _start_generators(tcfg, prefix, generation_options, the_trainers, version=rollout.sampler.step)
     ev.emit("generators_ready", version=rollout.sampler.step)
     args = controller.SingleControllerActorArgs(
         config=opts.config,
@@ -111,6 +122,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         config_hash=config.config_hash(opts.config),
         trainers=the_trainers,
         generators=generators,
+        generation_options=generation_options,
+        name_prefix=prefix,
         loader=rollout.loader,
         sampler=rollout.sampler,
         ledger=rollout.ledger,
@@ -123,17 +136,23 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         progress_period_s=opts.progress_period_s,
         run_uid=opts.run_uid,
     )
-    the_actor = controller.actor(f"{prefix}-controller").remote(args)
+    the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
     ev.emit("actor_created")
     return Setup(actor=the_actor, trainers=the_trainers, args=args)
 
 
-def _start_generators(cfg: config.TrainerConfig, prefix: str, the_trainers: trainers.Trainers, *, version: int
-                      ) -> list[Any]:  # fmt: skip
-    """The generation workers, each holding the trainer's current weights as policy `version`."""
+def _start_generators(
+    cfg: config.TrainerConfig,
+    prefix: str,
+    options: dict[str, Any],
+    the_trainers: trainers.Trainers,
+    *,
+    version: int,
+) -> list[Any]:
+    """The generation workers, placed by `options`, each holding the trainer's current weights as policy `version`."""
     import ray
 
-    generators = generation_workers.spawn(cfg, prefix)
+    generators = [generation_workers.spawn(cfg, f"{prefix}-gen-{i}", options) for i in range(cfg.generation_workers)]
     weights = the_trainers.weights_ref()
     ray.get([g.load_weights.remote(version, weights) for g in generators])
     return generators

@@ -30,6 +30,7 @@ import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
+from trainingrun_runtime.driver import placement
 from trainingrun_runtime.grpo import trainer
 
 __all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers"]
@@ -92,15 +93,19 @@ class TrainerWorker:
 class Trainers:
     """The trainer worker handle(s) and, on the driver only, the bootstrap data-plane client."""
 
-    def __init__(self, cfg: config.TrainerConfig, name_prefix: str, *, storage_units: int = STORAGE_UNITS) -> None:
+    def __init__(
+        self, cfg: config.TrainerConfig, name_prefix: str, head: str, *, storage_units: int = STORAGE_UNITS
+    ) -> None:
+        """Start TransferQueue and the trainer worker on the Ray node `head` (`placement`: run state lives there)."""
         import ray
 
         self.cfg = cfg
         self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
-            storage_units=storage_units
+            storage_units=storage_units, node_id=head
         )
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
-        self.worker: Any = worker_cls.options(name=f"{name_prefix}-trainer").remote(cfg)
+        options = {"name": f"{name_prefix}-trainer", **placement.on_head(head)}
+        self.worker: Any = worker_cls.options(**options).remote(cfg)
 
     def __getstate__(self) -> dict[str, Any]:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.

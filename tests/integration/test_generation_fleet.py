@@ -1,0 +1,130 @@
+"""A generation worker's node dies mid-run on a real multi-node Ray: the attempt goes on, and loses nothing.
+
+A Ray cluster of two nodes on this machine (`ray.cluster_utils.Cluster`, real raylets): the head, where the
+driver runs, and a generation node that alone has `config.GENERATION_RESOURCE` (what the operator gives a
+worker group's pods). The driver attaches to it through RAY_ADDRESS, as it does on a RayJob's head. Removing
+the generation node kills its raylet and every process on it, as a worker pod's loss does.
+
+- in_order, the node killed after step 3 and a new one added a few seconds later: the same attempt finishes,
+  its final weights equal an undisturbed run's, every prompt was trained exactly once, and every actor that
+  holds run state sat on the head the whole time (nothing of it was on the node that died);
+- no generation node comes back within `generation.replacementSeconds`: the driver exits with code 4
+  (`GenerationLost`), which the operator treats as a preemption.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+import ray.cluster_utils
+import torch
+
+from support import launcher, waiting
+from trainingrun_runtime import config
+from trainingrun_runtime.driver import entrypoint, events
+from trainingrun_runtime.rollout import ledger
+from trainingrun_runtime.storage import layout, verification
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+STEPS, PROMPTS = 8, 4
+CONFIG: dict[str, Any] = {
+    "trainer": {
+        "steps": STEPS,
+        "promptsPerStep": PROMPTS,
+        "generationWorkers": 2,
+        "logEvery": 1,
+        "grpo": {"groupSize": 4},
+        "task": {"datasetSize": 64},
+        "sampler": {"kind": "in_order"},
+    },
+    "checkpoint": {"savePeriod": 4, "keepLast": 5},
+    "generation": {"onWorkerGroups": True, "replacementSeconds": 120},
+}
+GENERATION_NODE = {"num_cpus": 2, "resources": {config.GENERATION_RESOURCE: 100}}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ray.cluster_utils.Cluster]:
+    nodes = ray.cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 6})
+    try:
+        yield nodes
+    finally:
+        nodes.shutdown()
+
+
+def run_driver(root: Path, run: str, cluster: ray.cluster_utils.Cluster, conf: dict[str, Any]) -> launcher.Driver:
+    return launcher.start(run=run, attempt=1, root=root, config=conf, event_log=root / f"{run}.jsonl",
+                          env={"RAY_ADDRESS": cluster.address})  # fmt: skip
+
+
+def steps_done(log: Path) -> int:
+    return max((e["step"] for e in events.read(log) if e["event"] == "step_done"), default=0)
+
+
+def actor_nodes(cluster: ray.cluster_utils.Cluster, prefix: str) -> dict[str, str]:
+    """Name -> node id of every live actor of the run (and of TransferQueue), read from the GCS."""
+    from ray.util.state import list_actors
+
+    ray.init(address=cluster.address, namespace="observer", log_to_driver=False)
+    try:
+        found = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+    finally:
+        ray.shutdown()
+    return {a.name: a.node_id for a in found if a.name and (a.name.startswith(prefix) or "TransferQueue" in a.name)}
+
+
+def test_a_lost_generation_node_costs_no_attempt_no_step_and_no_prompt(
+    tmp_path: Path, cluster: ray.cluster_utils.Cluster
+) -> None:
+    generation = cluster.add_node(**GENERATION_NODE)
+    straight = run_driver(tmp_path, "straight", cluster, CONFIG)
+    assert straight.wait(600) == 0, straight.output()[-3000:]
+
+    killed = run_driver(tmp_path, "killed", cluster, CONFIG)
+    log = tmp_path / "killed.jsonl"
+    waiting.wait(lambda: steps_done(log) >= 3, timeout=400, what="step 3 of the disturbed run",
+                 diagnostics=lambda: killed.output()[-3000:])  # fmt: skip
+    head = cluster.head_node.node_id
+    state = {n: node for n, node in actor_nodes(cluster, "killed-a1").items() if "-gen-" not in n}
+    assert set(state) >= {"killed-a1-controller", "killed-a1-trainer", "TransferQueueController",
+                          "TransferQueueStorageUnit#0", "TransferQueueStorageUnit#1"}, state  # fmt: skip
+    assert set(state.values()) == {head}, "run state must live on the head, never on a generation node"
+    cluster.remove_node(generation, allow_graceful=False)
+    waiting.wait(lambda: any(e["event"] == "generator_lost" for e in events.read(log)), timeout=60,
+                 what="the controller noticing the lost workers",
+                 diagnostics=lambda: killed.output()[-3000:])  # fmt: skip
+    cluster.add_node(**GENERATION_NODE)
+    assert killed.wait(600) == 0, killed.output()[-3000:]
+
+    by_event: dict[str, list[dict[str, Any]]] = {}
+    for e in events.read(log):
+        by_event.setdefault(e["event"], []).append(e)
+    assert len(by_event["generator_replaced"]) >= 1
+    finished = {e["event"]: e for e in events.read(tmp_path / "straight.jsonl")}["finished"]
+    assert by_event["finished"][-1]["weights_sha256"] == finished["weights_sha256"]
+    last = verification.open_verified(tmp_path / "killed" / layout.step_dirname(STEPS))
+    index_file = torch.load(last.replay_metadata, weights_only=True)
+    book = ledger.Ledger()
+    book.load_state_dict(index_file["restart"]["ledger"])
+    assert book.in_state(ledger.State.CONSUMED) == list(range(STEPS * PROMPTS))
+    book.check_served(index_file["restart"]["loader"]["next_uid"])
+
+
+def test_no_generation_node_back_within_the_bound_ends_the_attempt_with_exit_code_4(
+    tmp_path: Path, cluster: ray.cluster_utils.Cluster
+) -> None:
+    generation = cluster.add_node(**GENERATION_NODE)
+    conf = json.loads(json.dumps(CONFIG))
+    conf["generation"]["replacementSeconds"] = 5
+    proc = run_driver(tmp_path, "gone", cluster, conf)
+    log = tmp_path / "gone.jsonl"
+    waiting.wait(lambda: steps_done(log) >= 2, timeout=400, what="step 2", diagnostics=lambda: proc.output()[-3000:])
+    cluster.remove_node(generation, allow_graceful=False)
+    assert proc.wait(300) == entrypoint.EXIT_GENERATION_LOST, proc.output()[-3000:]
+    assert "GenerationLost: no generation worker for 5 s" in proc.output()
