@@ -29,10 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from support import launcher
-from trainingrun_runtime.driver import events
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the test tooling's driver launcher (tests/support)
+
+from support import launcher  # noqa: E402
+from trainingrun_runtime.driver import events  # noqa: E402
 
 
 def config(steps: int, save_period: int) -> dict[str, Any]:
