@@ -21,8 +21,8 @@ Readiness is waited for (etcd /health, apiserver /readyz, controller-manager and
 reverse order; it also runs at interpreter exit, on SIGTERM/SIGHUP, and (through PR_SET_PDEATHSIG) the children
 die with their parent even if it is killed outright (its run directory then stays in $TMPDIR).
 
-The binaries come from `hack/testbed/build.sh` (`make testbed`); this module only finds them. Standard library
-only, so `up` works with any Python 3.11.
+The binaries come from `hack/testbed/build.sh` (`make testbed`); `binaries` finds them. Standard library only,
+so `up` works with any Python 3.11.
 """
 
 from __future__ import annotations
@@ -51,24 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kubeapi  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import errors
+import kubeapi
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
-PINS_FILE = HERE / "pins.env"
-BINARY_NAMES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kwok",
-    "kuberay-operator",
-    "helm",
-)
-KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 LONE_NODE_TAINT = "trainingrun.dev/testbed"
 WORKDIR_PREFIX = "trun-cp-"
@@ -77,77 +65,6 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 # Unknown (NotReady) 30 s after the last renewal. Six missed renewals on a busy 2-core machine before a flap.
 KWOK_NODE_LEASE_SECONDS = 20
 NODE_MONITOR_GRACE = "30s"
-
-
-class TestbedError(RuntimeError):
-    """The test bed could not start or answer; the message names the component and shows its log tail."""
-
-
-class MissingBinaries(TestbedError):
-    """The pinned binaries are not built; `make testbed` builds them (retrying helps only after that)."""
-
-
-class KubectlError(TestbedError):
-    """A kubectl command exited non-zero; the message carries the command and its stderr."""
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines, `#` comments and blank lines ignored (the format of pins.env and paths.env)."""
-    values: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
-
-
-def pin_set(pins: dict[str, str]) -> str:
-    """The cache directory name for one set of pins; build.sh derives the same name."""
-    return (
-        f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
-        f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}"
-    )
-
-
-def default_cache() -> Path:
-    return Path(os.environ.get("TESTBED_CACHE") or Path.home() / ".cache" / "trainingrun")
-
-
-@dataclass(frozen=True)
-class Binaries:
-    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are."""
-
-    bin_dir: Path
-    kuberay_module_dir: Path
-    versions: dict[str, str]
-
-    def path(self, name: str) -> Path:
-        return self.bin_dir / name
-
-    @classmethod
-    def locate(cls, cache: Path | None = None) -> Binaries:
-        """Finds this checkout's pin set in the cache, or raises MissingBinaries saying what to run."""
-        pins = read_env_file(PINS_FILE)
-        bin_dir = (cache or default_cache()) / "bin" / pin_set(pins)
-        missing = [n for n in (*BINARY_NAMES, "paths.env") if not (bin_dir / n).is_file()]
-        if missing:
-            raise MissingBinaries(
-                f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
-                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores)."
-            )
-        paths = read_env_file(bin_dir / "paths.env")
-        kuberay = Path(paths["KUBERAY_MODULE_DIR"])
-        if not (kuberay / "config" / "crd" / "bases").is_dir():
-            raise MissingBinaries(f"KubeRay module not found at {kuberay} (module cache cleaned?). Run `make testbed`.")
-        return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
-
-
-def default_crd_paths(binaries: Binaries) -> list[Path]:
-    """Ours (every YAML in manifests/crd/) and KubeRay's three CRDs from its module."""
-    ours = sorted((REPO_ROOT / "manifests" / "crd").glob("*.yaml"))
-    bases = binaries.kuberay_module_dir / "config" / "crd" / "bases"
-    return [*ours, *(bases / name for name in KUBERAY_CRDS)]
 
 
 def free_port() -> int:
@@ -306,7 +223,7 @@ def _install_exit_handlers() -> None:
 class ControlPlane:
     """etcd, kube-apiserver, controller manager, scheduler and kwok on loopback, for one test session."""
 
-    binaries: Binaries = field(default_factory=Binaries.locate)
+    binaries: binaries.Binaries = field(default_factory=binaries.Binaries.locate)
     nodes: int = 1
     crd_paths: Sequence[Path] | None = None
     keep_workdir: bool = field(default_factory=lambda: os.environ.get("TESTBED_KEEP") == "1")
@@ -386,7 +303,7 @@ class ControlPlane:
         command = [str(self.binaries.path("kubectl")), *args]
         result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, env=env)
         if check and result.returncode != 0:
-            raise KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+            raise errors.KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
         return result
 
     def request(
@@ -407,7 +324,7 @@ class ControlPlane:
         if status == 404:
             return None
         if status != 200:
-            raise TestbedError(f"GET {path} returned {status}: {body}")
+            raise errors.TestbedError(f"GET {path} returned {status}: {body}")
         return dict(body)
 
     def apply(self, *objects: dict[str, Any], namespace: str | None = None, field_manager: str | None = None) -> None:
@@ -458,7 +375,7 @@ class ControlPlane:
         """Creates a Node (see `fake_node` for the fields) and returns it as the API server stored it."""
         status, body = self.request("POST", "/api/v1/nodes", fake_node(name, **node_fields))
         if status != 201:
-            raise TestbedError(f"creating node {name} returned {status}: {body}")
+            raise errors.TestbedError(f"creating node {name} returned {status}: {body}")
         return dict(body)
 
     @contextlib.contextmanager
@@ -527,7 +444,9 @@ class ControlPlane:
         etcd_url = self._start_etcd()
         self._start_apiserver(etcd_url, sa_key, sa_pub)
         # CRDs before the controller manager, so its garbage collector watches them from its first sync.
-        crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
+        crds = self.install_crds(
+            self.crd_paths if self.crd_paths is not None else binaries.default_crd_paths(self.binaries)
+        )
         log.info("%d CRDs Established after %.1fs", len(crds), time.monotonic() - self._started)
         self._start_controllers(sa_key)
         self.wait_nodes_ready(self.node_names)
@@ -713,7 +632,7 @@ class ControlPlane:
             if not waiting:
                 break
             if time.monotonic() > deadline:
-                raise KubectlError(f"CRDs not Established after {timeout:.0f}s: {', '.join(waiting)}")
+                raise errors.KubectlError(f"CRDs not Established after {timeout:.0f}s: {', '.join(waiting)}")
             time.sleep(0.2)
         return names
 
@@ -743,7 +662,7 @@ class ControlPlane:
             dead = [p for p in self.processes if not p.stopped and not p.alive()]
             if dead:
                 p = dead[0]
-                raise TestbedError(
+                raise errors.TestbedError(
                     f"{p.name} exited with {p.popen.returncode} while waiting for {what}; "
                     f"log {p.log_path}:\n{p.log_tail()}"
                 )
@@ -757,7 +676,7 @@ class ControlPlane:
                 tails = "\n".join(
                     f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}" for p in self.processes if p.name == component
                 )
-                raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
+                raise errors.TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 
@@ -834,12 +753,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        binaries = Binaries.locate()
-    except MissingBinaries as err:
+        located = binaries.Binaries.locate()
+    except errors.MissingBinaries as err:
         print(err, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    with ControlPlane(binaries, nodes=args.nodes, keep_workdir=args.keep) as plane:
+    with ControlPlane(located, nodes=args.nodes, keep_workdir=args.keep) as plane:
         print(plane.kubeconfig, flush=True)
         print(
             f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "

@@ -28,7 +28,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import binaries
 import controlplane
+import errors
 import kuberay
 import podrunner
 import proxy
@@ -164,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        binaries = controlplane.Binaries.locate()
-    except controlplane.MissingBinaries as err:
+        located = binaries.Binaries.locate()
+    except errors.MissingBinaries as err:
         print(err, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, controlplane.raise_keyboard_interrupt)
-    with controlplane.ControlPlane(binaries, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
+    with controlplane.ControlPlane(located, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
         print(plane.kubeconfig, flush=True)
         print(
             f"# export KUBECONFIG={plane.kubeconfig}; proxy {bed.forward_proxy.url}; pods in {bed.runner.workdir}",
