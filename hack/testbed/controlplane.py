@@ -28,9 +28,7 @@ so `up` works with any Python 3.11.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
-import ctypes
 import functools
 import http.client
 import json
@@ -38,11 +36,9 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -52,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import components
 import errors
 import kubeapi
 
@@ -67,35 +64,6 @@ KWOK_NODE_LEASE_SECONDS = 20
 NODE_MONITOR_GRACE = "30s"
 
 
-def free_port() -> int:
-    """A free loopback port from the kernel's ephemeral range (outside Ray's worker range 10002-19999)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A preexec_fn that sets PR_SET_PDEATHSIG(`sig`), so no child outlives a test process killed outright.
-    SIGKILL for the components (a kube-apiserver whose etcd is gone hangs in its graceful shutdown); the pod
-    runner's Ray pods get SIGTERM."""
-
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
-        except OSError:
-            pass
-
-    return preexec
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    """The last `lines` lines of a log file, or "(no log)"."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     """The status condition of type `kind` of an API object (a node, a pod), or None."""
     for cond in (obj or {}).get("status", {}).get("conditions") or []:
@@ -106,37 +74,6 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
 
 def node_ready(node: dict[str, Any] | None) -> bool:
     return (condition(node, "Ready") or {}).get("status") == "True"
-
-
-@dataclass
-class Process:
-    """One component, running in its own process group, logging to a file in the run directory."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    stopped: bool = False  # stopped on purpose (a test killing a node's kwok), so not a crash
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 25) -> str:
-        return tail(self.log_path, lines)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stopped = True
-        if self.popen.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.popen.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def fake_node(
@@ -176,7 +113,7 @@ class LoneNode:
     the pods that ask for it (`pod_fields`) land there."""
 
     name: str
-    kubelet: Process
+    kubelet: components.Process
 
     @staticmethod
     def taint(name: str) -> dict[str, str]:
@@ -188,35 +125,6 @@ class LoneNode:
             "nodeSelector": {"kubernetes.io/hostname": self.name},
             "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}],
         }
-
-
-_LIVE: set[ControlPlane] = set()
-_handlers_installed = False
-
-
-def _stop_live() -> None:
-    for plane in list(_LIVE):
-        plane.stop()
-
-
-def _on_fatal_signal(signum: int, _frame: object) -> None:
-    _stop_live()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_exit_handlers() -> None:
-    """atexit always; SIGTERM/SIGHUP only where nobody else handles them. SIGINT stays Python's
-    KeyboardInterrupt, which unwinds through fixtures and context managers to `stop()`."""
-    global _handlers_installed
-    if _handlers_installed:
-        return
-    _handlers_installed = True
-    atexit.register(_stop_live)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                signal.signal(sig, _on_fatal_signal)
 
 
 @dataclass(eq=False)
@@ -235,7 +143,7 @@ class ControlPlane:
     ca_file: Path = field(init=False)
     node_names: list[str] = field(init=False, default_factory=list)
     startup_seconds: float = field(init=False, default=0.0)
-    processes: list[Process] = field(init=False, default_factory=list)
+    processes: list[components.Process] = field(init=False, default_factory=list)
     api: kubeapi.KubeApi = field(init=False)  # admin, verifying the API server's certificate
     _started: float = field(init=False, default=0.0, repr=False)
 
@@ -258,8 +166,7 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self._started = started = time.monotonic()
-        _install_exit_handlers()
-        _LIVE.add(self)
+        components.stop_on_exit(self)
         _sweep_stale_workdirs()
         # Short and private: AF_UNIX paths (Ray, later) are limited to 107 bytes.
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
@@ -275,7 +182,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stops every process group, newest first; idempotent."""
-        _LIVE.discard(self)
+        components.forget(self)
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
@@ -411,7 +318,7 @@ class ControlPlane:
         annotation: str = "fake",
         name: str = "kwok",
         config: Path | None = None,
-    ) -> Process:
+    ) -> components.Process:
         """A kwok process: for the fake nodes annotated `KWOK_ANNOTATION: <annotation>`, or for one node (a node
         whose kubelet can die); `config`, a file of kwok Stages that replace its default pod life cycle."""
         selector = (
@@ -453,7 +360,7 @@ class ControlPlane:
 
     def _start_etcd(self) -> str:
         """Starts etcd and waits until it is healthy; returns its client URL."""
-        etcd_port, etcd_peer = free_port(), free_port()
+        etcd_port, etcd_peer = components.free_port(), components.free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         self.spawn(
             "etcd",
@@ -490,7 +397,7 @@ class ControlPlane:
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
         tokens.chmod(0o600)
-        api_port = free_port()
+        api_port = components.free_port()
         self.server = f"https://127.0.0.1:{api_port}"
         self.spawn(
             "kube-apiserver",
@@ -552,7 +459,7 @@ class ControlPlane:
             "--bind-address",
             "127.0.0.1",
         ]
-        kcm_port, sched_port = free_port(), free_port()
+        kcm_port, sched_port = components.free_port(), components.free_port()
         self.spawn(
             "kube-controller-manager",
             "kube-controller-manager",
@@ -636,7 +543,9 @@ class ControlPlane:
             time.sleep(0.2)
         return names
 
-    def spawn(self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None) -> Process:
+    def spawn(
+        self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None
+    ) -> components.Process:
         """Starts one of the pinned binaries in its own process group, appending to `<workdir>/<name>.log`; it is
         stopped with the control plane (newest first), and its death fails any later readiness wait."""
         log_path = self.workdir / f"{name}.log"
@@ -649,9 +558,9 @@ class ControlPlane:
                 cwd=self.workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=components.die_with_parent(),
             )
-        process = Process(name=name, popen=popen, log_path=log_path)
+        process = components.Process(name=name, popen=popen, log_path=log_path)
         self.processes.append(process)
         return process
 

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import binaries
+import components
 import controlplane
 import errors
 import kuberay
@@ -96,7 +97,7 @@ class FullLoopBed:
     runner: podrunner.PodRunner = field(init=False)
     kuberay_operator: kuberay.KubeRayOperator = field(init=False)
     node: str = field(init=False, default="")
-    kubelet: controlplane.Process | None = field(init=False, default=None)
+    kubelet: components.Process | None = field(init=False, default=None)
     cordoned: list[str] = field(init=False, default_factory=list)
 
     def start(self) -> FullLoopBed:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import components
 import controlplane
 import kubeapi
 import localpod
@@ -367,7 +368,7 @@ class PodRunner:
         container = podspec.ray_container(pod)
         env = self._environment(pod, container, local)
         binds = self._binds(pod, container)
-        local.ports = local.ports or {port: controlplane.free_port() for port in raystart.CONTAINER_PORTS}
+        local.ports = local.ports or {port: components.free_port() for port in raystart.CONTAINER_PORTS}
         head_gcs = None
         if local.role != "head":
             head = self.head(local.namespace, local.cluster)
@@ -398,7 +399,7 @@ class PodRunner:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=controlplane.die_with_parent(signal.SIGTERM),
+                preexec_fn=components.die_with_parent(signal.SIGTERM),
             )
         local.state, local.started_at, local.exit_code = "starting", _now(), None
         self._event(local, "Started", f"pid {local.process.pid}: {shlex.join(command)[:300]}")
