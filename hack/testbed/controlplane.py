@@ -50,81 +50,13 @@ from typing import Any
 import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
 import components
 import errors
+import fakenodes
 import kubeapi
 
 log = logging.getLogger(__name__)
 
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-LONE_NODE_TAINT = "trainingrun.dev/testbed"
 WORKDIR_PREFIX = "trun-cp-"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
-# Node heartbeats: kwok renews each node's Lease every lease/4 = 5 s; the node lifecycle controller calls a node
-# Unknown (NotReady) 30 s after the last renewal. Six missed renewals on a busy 2-core machine before a flap.
-KWOK_NODE_LEASE_SECONDS = 20
-NODE_MONITOR_GRACE = "30s"
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    """The status condition of type `kind` of an API object (a node, a pod), or None."""
-    for cond in (obj or {}).get("status", {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return None
-
-
-def node_ready(node: dict[str, Any] | None) -> bool:
-    return (condition(node, "Ready") or {}).get("status") == "True"
-
-
-def fake_node(
-    name: str,
-    *,
-    cpu: str = "32",
-    memory: str = "256Gi",
-    pods: str = "110",
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    taints: Sequence[dict[str, str]] = (),
-) -> dict[str, Any]:
-    """A Node object for kwok to play, with capacity and allocatable in its status (kept on create)."""
-    resources = {"cpu": cpu, "memory": memory, "pods": pods}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                **(labels or {}),
-            },
-        },
-        "spec": {"taints": list(taints)},
-        "status": {"capacity": resources, "allocatable": resources},
-    }
-
-
-@dataclass(frozen=True)
-class LoneNode:
-    """A fake node played by a kwok of its own (its kubelet: stopping it is the node dying), tainted so that only
-    the pods that ask for it (`pod_fields`) land there."""
-
-    name: str
-    kubelet: components.Process
-
-    @staticmethod
-    def taint(name: str) -> dict[str, str]:
-        return {"key": LONE_NODE_TAINT, "value": name, "effect": "NoSchedule"}
-
-    def pod_fields(self) -> dict[str, Any]:
-        """The nodeSelector and tolerations of a pod spec that lands on this node."""
-        return {
-            "nodeSelector": {"kubernetes.io/hostname": self.name},
-            "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}],
-        }
 
 
 @dataclass(eq=False)
@@ -280,20 +212,22 @@ class ControlPlane:
 
     def create_fake_node(self, name: str, **node_fields: Any) -> dict[str, Any]:
         """Creates a Node (see `fake_node` for the fields) and returns it as the API server stored it."""
-        status, body = self.request("POST", "/api/v1/nodes", fake_node(name, **node_fields))
+        status, body = self.request("POST", "/api/v1/nodes", fakenodes.fake_node(name, **node_fields))
         if status != 201:
             raise errors.TestbedError(f"creating node {name} returned {status}: {body}")
         return dict(body)
 
     @contextlib.contextmanager
-    def lone_node(self, prefix: str = "doomed") -> Iterator[LoneNode]:
+    def lone_node(self, prefix: str = "doomed") -> Iterator[fakenodes.LoneNode]:
         """A `LoneNode`, Ready; afterwards its kwok is stopped and the node deleted."""
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        self.create_fake_node(name, taints=[LoneNode.taint(name)], annotations={KWOK_ANNOTATION: name})
+        self.create_fake_node(
+            name, taints=[fakenodes.LoneNode.taint(name)], annotations={fakenodes.KWOK_ANNOTATION: name}
+        )
         kubelet = self.start_kwok(manage_single_node=name, name=f"kwok-{name}")
         try:
             self.wait_nodes_ready([name])
-            yield LoneNode(name, kubelet)
+            yield fakenodes.LoneNode(name, kubelet)
         finally:
             kubelet.stop()
             self.kubectl("delete", "node", name, "--ignore-not-found", check=False)
@@ -305,7 +239,7 @@ class ControlPlane:
         def ready() -> bool:
             for name in list(pending):
                 status, node = self.request("GET", f"/api/v1/nodes/{name}")
-                if status == 200 and _node_is_schedulable(node):
+                if status == 200 and fakenodes.node_is_schedulable(node):
                     pending.discard(name)
             return not pending
 
@@ -324,7 +258,10 @@ class ControlPlane:
         selector = (
             ["--manage-single-node", manage_single_node]
             if manage_single_node
-            else ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={annotation}"]
+            else [
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={fakenodes.KWOK_ANNOTATION}={annotation}",
+            ]
         )
         return self.spawn(
             name,
@@ -337,7 +274,7 @@ class ControlPlane:
                 "127.0.0.1",
                 "--server-address",
                 "127.0.0.1:0",
-                f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+                f"--node-lease-duration-seconds={fakenodes.KWOK_NODE_LEASE_SECONDS}",
                 *(["--config", str(config)] if config else []),
             ],
         )
@@ -475,7 +412,7 @@ class ControlPlane:
                 str(sa_key),
                 "--root-ca-file",
                 str(self.ca_file),
-                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
+                f"--node-monitor-grace-period={fakenodes.NODE_MONITOR_GRACE}",
                 "--node-monitor-period=2s",
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
@@ -610,11 +547,6 @@ def _sweep_stale_workdirs() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
         except PermissionError:
             pass
-
-
-def _node_is_schedulable(node: dict[str, Any]) -> bool:
-    taints = node.get("spec", {}).get("taints") or []
-    return node_ready(node) and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
 
 def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:

@@ -32,6 +32,7 @@ import binaries
 import components
 import controlplane
 import errors
+import fakenodes
 import kuberay
 import podrunner
 import proxy
@@ -117,7 +118,7 @@ class FullLoopBed:
         self.node = f"fullloop-{uuid.uuid4().hex[:6]}"
         stages = self.runner.workdir / "kwok-stages.yaml"
         stages.write_text(KWOK_POD_STAGES)
-        self.plane.create_fake_node(self.node, annotations={controlplane.KWOK_ANNOTATION: self.node})
+        self.plane.create_fake_node(self.node, annotations={fakenodes.KWOK_ANNOTATION: self.node})
         self.kubelet = self.plane.start_kwok(annotation=self.node, name=f"kwok-{self.node}", config=stages)
         self.plane.wait_nodes_ready([self.node])
         status, nodes = self.plane.request("GET", "/api/v1/nodes")

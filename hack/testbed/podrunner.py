@@ -51,6 +51,7 @@ from typing import Any
 
 import components
 import controlplane
+import fakenodes
 import kubeapi
 import localpod
 import mountpoints
@@ -249,7 +250,7 @@ class PodRunner:
                     self._start(pod)
             elif local.state in ("killing", "killed", "detached"):
                 continue
-            elif node is None or not controlplane.node_ready(node):
+            elif node is None or not fakenodes.node_ready(node):
                 self._kill(local, f"node {local.node} not Ready", grace=0.0, final_state="killed")
             elif pod["metadata"].get("deletionTimestamp"):
                 self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap), final_state="killed")
@@ -264,9 +265,9 @@ class PodRunner:
 
     def _should_start(self, pod: dict[str, Any], node: dict[str, Any] | None) -> bool:
         meta, status = pod["metadata"], pod.get("status", {})
-        if node is None or controlplane.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
+        if node is None or fakenodes.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
             return False
-        if meta.get("deletionTimestamp") or not controlplane.node_ready(node):
+        if meta.get("deletionTimestamp") or not fakenodes.node_ready(node):
             return False
         # kwok has played the pod (Running, pod IP): from here on, only this runner writes its status.
         if status.get("phase") != "Running" or not status.get("podIP"):
