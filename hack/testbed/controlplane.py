@@ -38,7 +38,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -52,10 +51,10 @@ import components
 import errors
 import fakenodes
 import kubeapi
+import workdirs
 
 log = logging.getLogger(__name__)
 
-WORKDIR_PREFIX = "trun-cp-"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 
 
@@ -99,10 +98,7 @@ class ControlPlane:
     def start(self) -> ControlPlane:
         self._started = started = time.monotonic()
         components.stop_on_exit(self)
-        _sweep_stale_workdirs()
-        # Short and private: AF_UNIX paths (Ray, later) are limited to 107 bytes.
-        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-        (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        self.workdir = workdirs.create()
         try:
             self._start_all()
         except BaseException:
@@ -525,28 +521,6 @@ class ControlPlane:
                 raise errors.TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-
-
-def _sweep_stale_workdirs() -> None:
-    """Removes run directories left by test processes that were killed outright (their components died with
-    them). A directory is stale when the pid in its owner.pid is gone; one without owner.pid only after a
-    minute (it may be starting right now)."""
-    for workdir in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
-        try:
-            owner = int((workdir / "owner.pid").read_text())
-        except (OSError, ValueError):
-            try:
-                if time.time() - workdir.stat().st_mtime > 60:
-                    shutil.rmtree(workdir, ignore_errors=True)
-            except OSError:
-                pass
-            continue
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            shutil.rmtree(workdir, ignore_errors=True)
-        except PermissionError:
-            pass
 
 
 def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
