@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import commandlines
 import components
 import errors
 import fakenodes
@@ -54,8 +55,6 @@ import kubeapi
 import workdirs
 
 log = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 
 
 @dataclass(eq=False)
@@ -251,29 +250,10 @@ class ControlPlane:
     ) -> components.Process:
         """A kwok process: for the fake nodes annotated `KWOK_ANNOTATION: <annotation>`, or for one node (a node
         whose kubelet can die); `config`, a file of kwok Stages that replace its default pod life cycle."""
-        selector = (
-            ["--manage-single-node", manage_single_node]
-            if manage_single_node
-            else [
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={fakenodes.KWOK_ANNOTATION}={annotation}",
-            ]
+        args = commandlines.kwok(
+            kubeconfig=self.kubeconfig, manage_single_node=manage_single_node, annotation=annotation, config=config
         )
-        return self.spawn(
-            name,
-            "kwok",
-            [
-                "--kubeconfig",
-                str(self.kubeconfig),
-                *selector,
-                "--node-ip",
-                "127.0.0.1",
-                "--server-address",
-                "127.0.0.1:0",
-                f"--node-lease-duration-seconds={fakenodes.KWOK_NODE_LEASE_SECONDS}",
-                *(["--config", str(config)] if config else []),
-            ],
-        )
+        return self.spawn(name, "kwok", args)
 
     # -- start-up ---------------------------------------------------------------------------------------
 
@@ -295,29 +275,10 @@ class ControlPlane:
         """Starts etcd and waits until it is healthy; returns its client URL."""
         etcd_port, etcd_peer = components.free_port(), components.free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self.spawn(
-            "etcd",
-            "etcd",
-            [
-                "--name",
-                "default",
-                "--data-dir",
-                str(self.workdir / "etcd"),
-                "--listen-client-urls",
-                etcd_url,
-                "--advertise-client-urls",
-                etcd_url,
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ],
+        args = commandlines.etcd(
+            data_dir=self.workdir / "etcd", client_url=etcd_url, peer_url=f"http://127.0.0.1:{etcd_peer}"
         )
+        self.spawn("etcd", "etcd", args)
         self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), 30, component="etcd")
         return etcd_url
 
@@ -332,38 +293,10 @@ class ControlPlane:
         tokens.chmod(0o600)
         api_port = components.free_port()
         self.server = f"https://127.0.0.1:{api_port}"
-        self.spawn(
-            "kube-apiserver",
-            "kube-apiserver",
-            [
-                "--etcd-servers",
-                etcd_url,
-                "--cert-dir",
-                str(certs),
-                "--secure-port",
-                str(api_port),
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                "--authorization-mode",
-                "RBAC,Node",
-                "--token-auth-file",
-                str(tokens),
-                "--service-account-issuer",
-                SERVICE_ACCOUNT_ISSUER,
-                "--service-account-key-file",
-                str(sa_pub),
-                "--service-account-signing-key-file",
-                str(sa_key),
-                "--endpoint-reconciler-type",
-                "none",
-                "--allow-privileged",
-                "--profiling=false",
-            ],
+        args = commandlines.apiserver(
+            etcd_url=etcd_url, port=api_port, cert_dir=certs, token_file=tokens, sa_key=sa_key, sa_pub=sa_pub
         )
+        self.spawn("kube-apiserver", "kube-apiserver", args)
         unverified = kubeapi.KubeApi(self.server, kubeapi.insecure_context(), self.admin_token, timeout=3)
         self._wait(
             "kube-apiserver /readyz",
@@ -379,58 +312,40 @@ class ControlPlane:
         )
 
     def _start_controllers(self, sa_key: Path) -> None:
-        """The controller manager, the scheduler, kwok and its fake nodes; waits for both /healthz and for the
-        `default` ServiceAccount (the controller manager's first visible work)."""
-        common = [
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--authentication-kubeconfig",
-            str(self.kubeconfig),
-            "--authorization-kubeconfig",
-            str(self.kubeconfig),
-            "--leader-elect=false",
-            "--bind-address",
-            "127.0.0.1",
-        ]
+        """The controller manager, the scheduler, kwok and its fake nodes; waits until the controllers are up."""
         kcm_port, sched_port = components.free_port(), components.free_port()
-        self.spawn(
-            "kube-controller-manager",
-            "kube-controller-manager",
-            [
-                *common,
-                "--secure-port",
-                str(kcm_port),
-                "--cert-dir",
-                str(self.workdir / "kcm-certs"),
-                "--controllers",
-                "*",
-                "--service-account-private-key-file",
-                str(sa_key),
-                "--root-ca-file",
-                str(self.ca_file),
-                f"--node-monitor-grace-period={fakenodes.NODE_MONITOR_GRACE}",
-                "--node-monitor-period=2s",
-                "--kube-api-qps=100",
-                "--kube-api-burst=200",
-            ],
+        self._start_controller_manager(kcm_port, sa_key)
+        self._start_scheduler(sched_port)
+        self._start_fake_nodes()
+        self._wait_controllers({"kube-controller-manager": kcm_port, "kube-scheduler": sched_port})
+
+    def _start_controller_manager(self, port: int, sa_key: Path) -> None:
+        args = commandlines.controller_manager(
+            kubeconfig=self.kubeconfig,
+            port=port,
+            cert_dir=self.workdir / "kcm-certs",
+            sa_key=sa_key,
+            root_ca=self.ca_file,
         )
-        self.spawn(
-            "kube-scheduler",
-            "kube-scheduler",
-            [
-                *common,
-                "--secure-port",
-                str(sched_port),
-                "--cert-dir",
-                str(self.workdir / "scheduler-certs"),
-            ],
-        )
+        self.spawn("kube-controller-manager", "kube-controller-manager", args)
+
+    def _start_scheduler(self, port: int) -> None:
+        args = commandlines.scheduler(kubeconfig=self.kubeconfig, port=port, cert_dir=self.workdir / "scheduler-certs")
+        self.spawn("kube-scheduler", "kube-scheduler", args)
+
+    def _start_fake_nodes(self) -> None:
+        """The shared kwok and the `nodes` fake nodes it plays (`kwok-node-<i>`); their readiness is waited for
+        last, in `_start_all`."""
         self.start_kwok()
         self.node_names = [f"kwok-node-{i}" for i in range(self.nodes)]
         for name in self.node_names:
             self.create_fake_node(name)
+
+    def _wait_controllers(self, ports: dict[str, int]) -> None:
+        """Until each controller's /healthz answers, then for the `default` ServiceAccount (the controller
+        manager's first visible work)."""
         insecure = kubeapi.insecure_context()
-        for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
+        for component, port in ports.items():
             healthz = kubeapi.KubeApi(f"https://127.0.0.1:{port}", insecure, None, timeout=3)
             self._wait(
                 f"{component} /healthz", functools.partial(_https_healthy, healthz, "/healthz"), 60, component=component
