@@ -49,6 +49,7 @@ from typing import Any
 import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
 import commandlines
 import components
+import credentials
 import errors
 import fakenodes
 import kubeapi
@@ -260,7 +261,7 @@ class ControlPlane:
     def _start_all(self) -> None:
         """etcd, then the API server (and the CRDs), then the controllers and kwok's nodes; each waited for."""
         sa_key, sa_pub = self.workdir / "sa.key", self.workdir / "sa.pub"
-        _write_rsa_pair(sa_key, sa_pub)
+        credentials.write_rsa_pair(sa_key, sa_pub)
         etcd_url = self._start_etcd()
         self._start_apiserver(etcd_url, sa_key, sa_pub)
         # CRDs before the controller manager, so its garbage collector watches them from its first sync.
@@ -287,10 +288,8 @@ class ControlPlane:
         `api` and the admin `kubeconfig`."""
         certs = self.workdir / "certs"
         certs.mkdir()
-        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
-        tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
-        tokens.chmod(0o600)
+        self.admin_token = credentials.new_token()
+        tokens = credentials.write_admin_token_file(self.workdir / "tokens.csv", self.admin_token)
         api_port = components.free_port()
         self.server = f"https://127.0.0.1:{api_port}"
         args = commandlines.apiserver(
@@ -445,28 +444,6 @@ def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=3) as response:
         return bool(response.status == 200)
-
-
-def _write_rsa_pair(private: Path, public: Path) -> None:
-    """The service-account signing key pair: `cryptography` when installed, else the openssl CLI."""
-    try:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-    except ImportError:
-        subprocess.run(["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True)
-        subprocess.run(
-            ["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)], check=True, capture_output=True
-        )
-        return
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
 
 
 def raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
