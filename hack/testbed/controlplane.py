@@ -16,10 +16,16 @@ What `ControlPlane.start()` runs, each in its own process group, with free ports
                ├── kube-scheduler
                └── kwok, playing the kubelet for the fake nodes annotated `kwok.x-k8s.io/node: fake`
 
+This module runs that sequence and waits; the parts live next door: `components` (a process, its group, log and
+port; the exit handlers), `workdirs` (the private directory), `commandlines` (each component's arguments),
+`credentials` (the admin token, the service-account keys), `fakenodes` (the nodes kwok plays), `kubeapi` (the
+HTTPS client), `binaries` (where the binaries are) and `errors`.
+
 Readiness is waited for (etcd /health, apiserver /readyz, controller-manager and scheduler /healthz, the
 `default` ServiceAccount, every fake node Ready and untainted). `stop()` terminates every process group in
 reverse order; it also runs at interpreter exit, on SIGTERM/SIGHUP, and (through PR_SET_PDEATHSIG) the children
-die with their parent even if it is killed outright (its run directory then stays in $TMPDIR).
+die with their parent even if it is killed outright (its run directory then stays in $TMPDIR until the next
+start sweeps it).
 
 The binaries come from `hack/testbed/build.sh` (`make testbed`); `binaries` finds them. Standard library only,
 so `up` works with any Python 3.11.
