@@ -54,7 +54,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench-results.json"
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
-import controlplane  # noqa: E402  (hack/testbed is not a package)
+import components  # noqa: E402  (hack/testbed is not a package)
+import controlplane  # noqa: E402
 
 BACKOFF_SECONDS = 0.5
 
@@ -304,7 +305,7 @@ def bench_side_by_side(
     )
     script = work / "bare_kopf.py"
     script.write_text(BARE_KOPF)
-    kopf_port, our_port = controlplane.free_port(), controlplane.free_port()
+    kopf_port, our_port = components.free_port(), components.free_port()
     bare = peers.enter_context(
         process(
             [

@@ -1,9 +1,9 @@
 """Shared fixtures: the test bed (a real Kubernetes control plane on loopback) and a namespace per test.
 
 `control_plane` (session scope) starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
-from the binaries that `make testbed` built (hack/testbed/controlplane.py does the work), with our CRDs and
-KubeRay's installed. It starts only when a test asks for it, so unit tests never pay for it. When the binaries
-are missing it fails (never skips) and says to run `make testbed`.
+from the binaries that `make testbed` built (hack/testbed/binaries.py finds them, controlplane.py does the work),
+with our CRDs and KubeRay's installed. It starts only when a test asks for it, so unit tests never pay for it. When
+the binaries are missing it fails (never skips) and says to run `make testbed`.
 
 The fixture's object (`controlplane.ControlPlane`):
     .kubeconfig                      admin kubeconfig path (token user in system:masters)
@@ -35,7 +35,9 @@ from collections.abc import Iterator
 
 import pytest
 
+import binaries
 import controlplane
+import errors
 
 TESTBED_NODES = 2
 
@@ -43,10 +45,10 @@ TESTBED_NODES = 2
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[controlplane.ControlPlane]:
     try:
-        binaries = controlplane.Binaries.locate()
-    except controlplane.MissingBinaries as err:
+        located = binaries.Binaries.locate()
+    except errors.MissingBinaries as err:
         pytest.fail(str(err), pytrace=False)
-    plane = controlplane.ControlPlane(binaries, nodes=TESTBED_NODES)
+    plane = controlplane.ControlPlane(located, nodes=TESTBED_NODES)
     plane.start()
     try:
         yield plane

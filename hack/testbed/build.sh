@@ -5,13 +5,13 @@
 #
 # Output: ${TESTBED_CACHE:-$HOME/.cache/trainingrun}/bin/<pin set>/ with kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kuberay-operator, helm, and paths.env
-# (KUBERAY_MODULE_DIR etc., sourced by hack/testbed/controlplane.py). A binary that is already there is
+# (KUBERAY_MODULE_DIR etc., read by hack/testbed/binaries.py). A binary that is already there is
 # not rebuilt; each one is written under a temporary name and renamed, so an interrupted build never
 # leaves a half-written binary that counts as built. Go's module and build caches live under the same
 # cache directory, so nothing built lands in the repository.
 set -Eeuo pipefail
 
-# The pins live in pins.env (controlplane.py reads the same file). The pin-set directory name is derived from them.
+# The pins live in pins.env (binaries.py reads the same file). The pin-set directory name is derived from them.
 # shellcheck source=pins.env
 source "$(dirname "${BASH_SOURCE[0]}")/pins.env"
 PIN_SET="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kuberay-${KUBERAY_VERSION}_helm-${HELM_VERSION}"
@@ -155,7 +155,7 @@ current="paths.env (module locations)"
 kuberay_dir="$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")"
 [[ -d "$kuberay_dir/config/crd/bases" ]] || { echo "KubeRay CRDs not found under $kuberay_dir/config/crd/bases" >&2; false; }
 cat >"$BIN/.paths.env.tmp" <<EOF
-# Written by hack/testbed/build.sh. Sourced by hack/testbed/controlplane.py.
+# Written by hack/testbed/build.sh. Read by hack/testbed/binaries.py.
 TESTBED_PIN_SET=$PIN_SET
 TESTBED_BIN_DIR=$BIN
 K8S_VERSION=$K8S_VERSION

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import components
 import controlplane
 import localpod
 import podrunner
@@ -107,7 +108,7 @@ def disrupt_and_delete(
 
 
 def fail_node(
-    plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str, kubelet: controlplane.Process
+    plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str, kubelet: components.Process
 ) -> list[localpod.LocalPod]:
     """The node dies: its kubelet (a kwok process that manages only this node) stops, every process of its pods
     is SIGKILLed, and its Ready condition turns Unknown at once (the node lifecycle controller would do the same

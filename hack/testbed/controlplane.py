@@ -16,21 +16,25 @@ What `ControlPlane.start()` runs, each in its own process group, with free ports
                ├── kube-scheduler
                └── kwok, playing the kubelet for the fake nodes annotated `kwok.x-k8s.io/node: fake`
 
+This module runs that sequence and waits; the parts live next door: `components` (a process, its group, log and
+port; the exit handlers), `workdirs` (the private directory), `commandlines` (each component's arguments),
+`credentials` (the admin token, the service-account keys), `fakenodes` (the nodes kwok plays), `kubeapi` (the
+HTTPS client), `binaries` (where the binaries are) and `errors`.
+
 Readiness is waited for (etcd /health, apiserver /readyz, controller-manager and scheduler /healthz, the
 `default` ServiceAccount, every fake node Ready and untainted). `stop()` terminates every process group in
 reverse order; it also runs at interpreter exit, on SIGTERM/SIGHUP, and (through PR_SET_PDEATHSIG) the children
-die with their parent even if it is killed outright (its run directory then stays in $TMPDIR).
+die with their parent even if it is killed outright (its run directory then stays in $TMPDIR until the next
+start sweeps it).
 
-The binaries come from `hack/testbed/build.sh` (`make testbed`); this module only finds them. Standard library
-only, so `up` works with any Python 3.11.
+The binaries come from `hack/testbed/build.sh` (`make testbed`); `binaries` finds them. Standard library only,
+so `up` works with any Python 3.11.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
-import ctypes
 import functools
 import http.client
 import json
@@ -38,11 +42,8 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -51,262 +52,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kubeapi  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import binaries  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+import commandlines
+import components
+import credentials
+import errors
+import fakenodes
+import kubeapi
+import workdirs
 
 log = logging.getLogger(__name__)
-
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parent.parent
-PINS_FILE = HERE / "pins.env"
-BINARY_NAMES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kwok",
-    "kuberay-operator",
-    "helm",
-)
-KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-LONE_NODE_TAINT = "trainingrun.dev/testbed"
-WORKDIR_PREFIX = "trun-cp-"
-SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
-# Node heartbeats: kwok renews each node's Lease every lease/4 = 5 s; the node lifecycle controller calls a node
-# Unknown (NotReady) 30 s after the last renewal. Six missed renewals on a busy 2-core machine before a flap.
-KWOK_NODE_LEASE_SECONDS = 20
-NODE_MONITOR_GRACE = "30s"
-
-
-class TestbedError(RuntimeError):
-    """The test bed could not start or answer; the message names the component and shows its log tail."""
-
-
-class MissingBinaries(TestbedError):
-    """The pinned binaries are not built; `make testbed` builds them (retrying helps only after that)."""
-
-
-class KubectlError(TestbedError):
-    """A kubectl command exited non-zero; the message carries the command and its stderr."""
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines, `#` comments and blank lines ignored (the format of pins.env and paths.env)."""
-    values: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
-
-
-def pin_set(pins: dict[str, str]) -> str:
-    """The cache directory name for one set of pins; build.sh derives the same name."""
-    return (
-        f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
-        f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}"
-    )
-
-
-def default_cache() -> Path:
-    return Path(os.environ.get("TESTBED_CACHE") or Path.home() / ".cache" / "trainingrun")
-
-
-@dataclass(frozen=True)
-class Binaries:
-    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are."""
-
-    bin_dir: Path
-    kuberay_module_dir: Path
-    versions: dict[str, str]
-
-    def path(self, name: str) -> Path:
-        return self.bin_dir / name
-
-    @classmethod
-    def locate(cls, cache: Path | None = None) -> Binaries:
-        """Finds this checkout's pin set in the cache, or raises MissingBinaries saying what to run."""
-        pins = read_env_file(PINS_FILE)
-        bin_dir = (cache or default_cache()) / "bin" / pin_set(pins)
-        missing = [n for n in (*BINARY_NAMES, "paths.env") if not (bin_dir / n).is_file()]
-        if missing:
-            raise MissingBinaries(
-                f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
-                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores)."
-            )
-        paths = read_env_file(bin_dir / "paths.env")
-        kuberay = Path(paths["KUBERAY_MODULE_DIR"])
-        if not (kuberay / "config" / "crd" / "bases").is_dir():
-            raise MissingBinaries(f"KubeRay module not found at {kuberay} (module cache cleaned?). Run `make testbed`.")
-        return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
-
-
-def default_crd_paths(binaries: Binaries) -> list[Path]:
-    """Ours (every YAML in manifests/crd/) and KubeRay's three CRDs from its module."""
-    ours = sorted((REPO_ROOT / "manifests" / "crd").glob("*.yaml"))
-    bases = binaries.kuberay_module_dir / "config" / "crd" / "bases"
-    return [*ours, *(bases / name for name in KUBERAY_CRDS)]
-
-
-def free_port() -> int:
-    """A free loopback port from the kernel's ephemeral range (outside Ray's worker range 10002-19999)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
-    """A preexec_fn that sets PR_SET_PDEATHSIG(`sig`), so no child outlives a test process killed outright.
-    SIGKILL for the components (a kube-apiserver whose etcd is gone hangs in its graceful shutdown); the pod
-    runner's Ray pods get SIGTERM."""
-
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
-        except OSError:
-            pass
-
-    return preexec
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    """The last `lines` lines of a log file, or "(no log)"."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    """The status condition of type `kind` of an API object (a node, a pod), or None."""
-    for cond in (obj or {}).get("status", {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return None
-
-
-def node_ready(node: dict[str, Any] | None) -> bool:
-    return (condition(node, "Ready") or {}).get("status") == "True"
-
-
-@dataclass
-class Process:
-    """One component, running in its own process group, logging to a file in the run directory."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    stopped: bool = False  # stopped on purpose (a test killing a node's kwok), so not a crash
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 25) -> str:
-        return tail(self.log_path, lines)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stopped = True
-        if self.popen.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.popen.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-
-def fake_node(
-    name: str,
-    *,
-    cpu: str = "32",
-    memory: str = "256Gi",
-    pods: str = "110",
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    taints: Sequence[dict[str, str]] = (),
-) -> dict[str, Any]:
-    """A Node object for kwok to play, with capacity and allocatable in its status (kept on create)."""
-    resources = {"cpu": cpu, "memory": memory, "pods": pods}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "type": "kwok",
-                **(labels or {}),
-            },
-        },
-        "spec": {"taints": list(taints)},
-        "status": {"capacity": resources, "allocatable": resources},
-    }
-
-
-@dataclass(frozen=True)
-class LoneNode:
-    """A fake node played by a kwok of its own (its kubelet: stopping it is the node dying), tainted so that only
-    the pods that ask for it (`pod_fields`) land there."""
-
-    name: str
-    kubelet: Process
-
-    @staticmethod
-    def taint(name: str) -> dict[str, str]:
-        return {"key": LONE_NODE_TAINT, "value": name, "effect": "NoSchedule"}
-
-    def pod_fields(self) -> dict[str, Any]:
-        """The nodeSelector and tolerations of a pod spec that lands on this node."""
-        return {
-            "nodeSelector": {"kubernetes.io/hostname": self.name},
-            "tolerations": [{**LoneNode.taint(self.name), "operator": "Equal"}],
-        }
-
-
-_LIVE: set[ControlPlane] = set()
-_handlers_installed = False
-
-
-def _stop_live() -> None:
-    for plane in list(_LIVE):
-        plane.stop()
-
-
-def _on_fatal_signal(signum: int, _frame: object) -> None:
-    _stop_live()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_exit_handlers() -> None:
-    """atexit always; SIGTERM/SIGHUP only where nobody else handles them. SIGINT stays Python's
-    KeyboardInterrupt, which unwinds through fixtures and context managers to `stop()`."""
-    global _handlers_installed
-    if _handlers_installed:
-        return
-    _handlers_installed = True
-    atexit.register(_stop_live)
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) in (signal.SIG_DFL, None):
-                signal.signal(sig, _on_fatal_signal)
 
 
 @dataclass(eq=False)
 class ControlPlane:
     """etcd, kube-apiserver, controller manager, scheduler and kwok on loopback, for one test session."""
 
-    binaries: Binaries = field(default_factory=Binaries.locate)
+    binaries: binaries.Binaries = field(default_factory=binaries.Binaries.locate)
     nodes: int = 1
     crd_paths: Sequence[Path] | None = None
     keep_workdir: bool = field(default_factory=lambda: os.environ.get("TESTBED_KEEP") == "1")
@@ -318,7 +80,7 @@ class ControlPlane:
     ca_file: Path = field(init=False)
     node_names: list[str] = field(init=False, default_factory=list)
     startup_seconds: float = field(init=False, default=0.0)
-    processes: list[Process] = field(init=False, default_factory=list)
+    processes: list[components.Process] = field(init=False, default_factory=list)
     api: kubeapi.KubeApi = field(init=False)  # admin, verifying the API server's certificate
     _started: float = field(init=False, default=0.0, repr=False)
 
@@ -341,12 +103,8 @@ class ControlPlane:
 
     def start(self) -> ControlPlane:
         self._started = started = time.monotonic()
-        _install_exit_handlers()
-        _LIVE.add(self)
-        _sweep_stale_workdirs()
-        # Short and private: AF_UNIX paths (Ray, later) are limited to 107 bytes.
-        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-        (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        components.stop_on_exit(self)
+        self.workdir = workdirs.create()
         try:
             self._start_all()
         except BaseException:
@@ -358,7 +116,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         """Stops every process group, newest first; idempotent."""
-        _LIVE.discard(self)
+        components.forget(self)
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
@@ -386,7 +144,7 @@ class ControlPlane:
         command = [str(self.binaries.path("kubectl")), *args]
         result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, env=env)
         if check and result.returncode != 0:
-            raise KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
+            raise errors.KubectlError(f"kubectl {' '.join(args)} exited {result.returncode}: {result.stderr.strip()}")
         return result
 
     def request(
@@ -407,7 +165,7 @@ class ControlPlane:
         if status == 404:
             return None
         if status != 200:
-            raise TestbedError(f"GET {path} returned {status}: {body}")
+            raise errors.TestbedError(f"GET {path} returned {status}: {body}")
         return dict(body)
 
     def apply(self, *objects: dict[str, Any], namespace: str | None = None, field_manager: str | None = None) -> None:
@@ -456,20 +214,22 @@ class ControlPlane:
 
     def create_fake_node(self, name: str, **node_fields: Any) -> dict[str, Any]:
         """Creates a Node (see `fake_node` for the fields) and returns it as the API server stored it."""
-        status, body = self.request("POST", "/api/v1/nodes", fake_node(name, **node_fields))
+        status, body = self.request("POST", "/api/v1/nodes", fakenodes.fake_node(name, **node_fields))
         if status != 201:
-            raise TestbedError(f"creating node {name} returned {status}: {body}")
+            raise errors.TestbedError(f"creating node {name} returned {status}: {body}")
         return dict(body)
 
     @contextlib.contextmanager
-    def lone_node(self, prefix: str = "doomed") -> Iterator[LoneNode]:
+    def lone_node(self, prefix: str = "doomed") -> Iterator[fakenodes.LoneNode]:
         """A `LoneNode`, Ready; afterwards its kwok is stopped and the node deleted."""
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        self.create_fake_node(name, taints=[LoneNode.taint(name)], annotations={KWOK_ANNOTATION: name})
+        self.create_fake_node(
+            name, taints=[fakenodes.LoneNode.taint(name)], annotations={fakenodes.KWOK_ANNOTATION: name}
+        )
         kubelet = self.start_kwok(manage_single_node=name, name=f"kwok-{name}")
         try:
             self.wait_nodes_ready([name])
-            yield LoneNode(name, kubelet)
+            yield fakenodes.LoneNode(name, kubelet)
         finally:
             kubelet.stop()
             self.kubectl("delete", "node", name, "--ignore-not-found", check=False)
@@ -481,7 +241,7 @@ class ControlPlane:
         def ready() -> bool:
             for name in list(pending):
                 status, node = self.request("GET", f"/api/v1/nodes/{name}")
-                if status == 200 and _node_is_schedulable(node):
+                if status == 200 and fakenodes.node_is_schedulable(node):
                     pending.discard(name)
             return not pending
 
@@ -494,71 +254,38 @@ class ControlPlane:
         annotation: str = "fake",
         name: str = "kwok",
         config: Path | None = None,
-    ) -> Process:
+    ) -> components.Process:
         """A kwok process: for the fake nodes annotated `KWOK_ANNOTATION: <annotation>`, or for one node (a node
         whose kubelet can die); `config`, a file of kwok Stages that replace its default pod life cycle."""
-        selector = (
-            ["--manage-single-node", manage_single_node]
-            if manage_single_node
-            else ["--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={annotation}"]
+        args = commandlines.kwok(
+            kubeconfig=self.kubeconfig, manage_single_node=manage_single_node, annotation=annotation, config=config
         )
-        return self.spawn(
-            name,
-            "kwok",
-            [
-                "--kubeconfig",
-                str(self.kubeconfig),
-                *selector,
-                "--node-ip",
-                "127.0.0.1",
-                "--server-address",
-                "127.0.0.1:0",
-                f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
-                *(["--config", str(config)] if config else []),
-            ],
-        )
+        return self.spawn(name, "kwok", args)
 
     # -- start-up ---------------------------------------------------------------------------------------
 
     def _start_all(self) -> None:
         """etcd, then the API server (and the CRDs), then the controllers and kwok's nodes; each waited for."""
         sa_key, sa_pub = self.workdir / "sa.key", self.workdir / "sa.pub"
-        _write_rsa_pair(sa_key, sa_pub)
+        credentials.write_rsa_pair(sa_key, sa_pub)
         etcd_url = self._start_etcd()
         self._start_apiserver(etcd_url, sa_key, sa_pub)
         # CRDs before the controller manager, so its garbage collector watches them from its first sync.
-        crds = self.install_crds(self.crd_paths if self.crd_paths is not None else default_crd_paths(self.binaries))
+        crds = self.install_crds(
+            self.crd_paths if self.crd_paths is not None else binaries.default_crd_paths(self.binaries)
+        )
         log.info("%d CRDs Established after %.1fs", len(crds), time.monotonic() - self._started)
         self._start_controllers(sa_key)
         self.wait_nodes_ready(self.node_names)
 
     def _start_etcd(self) -> str:
         """Starts etcd and waits until it is healthy; returns its client URL."""
-        etcd_port, etcd_peer = free_port(), free_port()
+        etcd_port, etcd_peer = components.free_port(), components.free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
-        self.spawn(
-            "etcd",
-            "etcd",
-            [
-                "--name",
-                "default",
-                "--data-dir",
-                str(self.workdir / "etcd"),
-                "--listen-client-urls",
-                etcd_url,
-                "--advertise-client-urls",
-                etcd_url,
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{etcd_peer}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{etcd_peer}",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ],
+        args = commandlines.etcd(
+            data_dir=self.workdir / "etcd", client_url=etcd_url, peer_url=f"http://127.0.0.1:{etcd_peer}"
         )
+        self.spawn("etcd", "etcd", args)
         self._wait("etcd /health", lambda: _http_ok(f"{etcd_url}/health"), 30, component="etcd")
         return etcd_url
 
@@ -567,44 +294,14 @@ class ControlPlane:
         `api` and the admin `kubeconfig`."""
         certs = self.workdir / "certs"
         certs.mkdir()
-        self.admin_token = uuid.uuid4().hex + uuid.uuid4().hex
-        tokens = self.workdir / "tokens.csv"
-        tokens.write_text(f"{self.admin_token},admin,admin-uid,system:masters\n")
-        tokens.chmod(0o600)
-        api_port = free_port()
+        self.admin_token = credentials.new_token()
+        tokens = credentials.write_admin_token_file(self.workdir / "tokens.csv", self.admin_token)
+        api_port = components.free_port()
         self.server = f"https://127.0.0.1:{api_port}"
-        self.spawn(
-            "kube-apiserver",
-            "kube-apiserver",
-            [
-                "--etcd-servers",
-                etcd_url,
-                "--cert-dir",
-                str(certs),
-                "--secure-port",
-                str(api_port),
-                "--bind-address",
-                "127.0.0.1",
-                "--advertise-address",
-                "127.0.0.1",
-                "--service-cluster-ip-range",
-                "10.0.0.0/24",
-                "--authorization-mode",
-                "RBAC,Node",
-                "--token-auth-file",
-                str(tokens),
-                "--service-account-issuer",
-                SERVICE_ACCOUNT_ISSUER,
-                "--service-account-key-file",
-                str(sa_pub),
-                "--service-account-signing-key-file",
-                str(sa_key),
-                "--endpoint-reconciler-type",
-                "none",
-                "--allow-privileged",
-                "--profiling=false",
-            ],
+        args = commandlines.apiserver(
+            etcd_url=etcd_url, port=api_port, cert_dir=certs, token_file=tokens, sa_key=sa_key, sa_pub=sa_pub
         )
+        self.spawn("kube-apiserver", "kube-apiserver", args)
         unverified = kubeapi.KubeApi(self.server, kubeapi.insecure_context(), self.admin_token, timeout=3)
         self._wait(
             "kube-apiserver /readyz",
@@ -620,58 +317,40 @@ class ControlPlane:
         )
 
     def _start_controllers(self, sa_key: Path) -> None:
-        """The controller manager, the scheduler, kwok and its fake nodes; waits for both /healthz and for the
-        `default` ServiceAccount (the controller manager's first visible work)."""
-        common = [
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--authentication-kubeconfig",
-            str(self.kubeconfig),
-            "--authorization-kubeconfig",
-            str(self.kubeconfig),
-            "--leader-elect=false",
-            "--bind-address",
-            "127.0.0.1",
-        ]
-        kcm_port, sched_port = free_port(), free_port()
-        self.spawn(
-            "kube-controller-manager",
-            "kube-controller-manager",
-            [
-                *common,
-                "--secure-port",
-                str(kcm_port),
-                "--cert-dir",
-                str(self.workdir / "kcm-certs"),
-                "--controllers",
-                "*",
-                "--service-account-private-key-file",
-                str(sa_key),
-                "--root-ca-file",
-                str(self.ca_file),
-                f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
-                "--node-monitor-period=2s",
-                "--kube-api-qps=100",
-                "--kube-api-burst=200",
-            ],
+        """The controller manager, the scheduler, kwok and its fake nodes; waits until the controllers are up."""
+        kcm_port, sched_port = components.free_port(), components.free_port()
+        self._start_controller_manager(kcm_port, sa_key)
+        self._start_scheduler(sched_port)
+        self._start_fake_nodes()
+        self._wait_controllers({"kube-controller-manager": kcm_port, "kube-scheduler": sched_port})
+
+    def _start_controller_manager(self, port: int, sa_key: Path) -> None:
+        args = commandlines.controller_manager(
+            kubeconfig=self.kubeconfig,
+            port=port,
+            cert_dir=self.workdir / "kcm-certs",
+            sa_key=sa_key,
+            root_ca=self.ca_file,
         )
-        self.spawn(
-            "kube-scheduler",
-            "kube-scheduler",
-            [
-                *common,
-                "--secure-port",
-                str(sched_port),
-                "--cert-dir",
-                str(self.workdir / "scheduler-certs"),
-            ],
-        )
+        self.spawn("kube-controller-manager", "kube-controller-manager", args)
+
+    def _start_scheduler(self, port: int) -> None:
+        args = commandlines.scheduler(kubeconfig=self.kubeconfig, port=port, cert_dir=self.workdir / "scheduler-certs")
+        self.spawn("kube-scheduler", "kube-scheduler", args)
+
+    def _start_fake_nodes(self) -> None:
+        """The shared kwok and the `nodes` fake nodes it plays (`kwok-node-<i>`); their readiness is waited for
+        last, in `_start_all`."""
         self.start_kwok()
         self.node_names = [f"kwok-node-{i}" for i in range(self.nodes)]
         for name in self.node_names:
             self.create_fake_node(name)
+
+    def _wait_controllers(self, ports: dict[str, int]) -> None:
+        """Until each controller's /healthz answers, then for the `default` ServiceAccount (the controller
+        manager's first visible work)."""
         insecure = kubeapi.insecure_context()
-        for component, port in (("kube-controller-manager", kcm_port), ("kube-scheduler", sched_port)):
+        for component, port in ports.items():
             healthz = kubeapi.KubeApi(f"https://127.0.0.1:{port}", insecure, None, timeout=3)
             self._wait(
                 f"{component} /healthz", functools.partial(_https_healthy, healthz, "/healthz"), 60, component=component
@@ -713,11 +392,13 @@ class ControlPlane:
             if not waiting:
                 break
             if time.monotonic() > deadline:
-                raise KubectlError(f"CRDs not Established after {timeout:.0f}s: {', '.join(waiting)}")
+                raise errors.KubectlError(f"CRDs not Established after {timeout:.0f}s: {', '.join(waiting)}")
             time.sleep(0.2)
         return names
 
-    def spawn(self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None) -> Process:
+    def spawn(
+        self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None
+    ) -> components.Process:
         """Starts one of the pinned binaries in its own process group, appending to `<workdir>/<name>.log`; it is
         stopped with the control plane (newest first), and its death fails any later readiness wait."""
         log_path = self.workdir / f"{name}.log"
@@ -730,9 +411,9 @@ class ControlPlane:
                 cwd=self.workdir,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=components.die_with_parent(),
             )
-        process = Process(name=name, popen=popen, log_path=log_path)
+        process = components.Process(name=name, popen=popen, log_path=log_path)
         self.processes.append(process)
         return process
 
@@ -743,7 +424,7 @@ class ControlPlane:
             dead = [p for p in self.processes if not p.stopped and not p.alive()]
             if dead:
                 p = dead[0]
-                raise TestbedError(
+                raise errors.TestbedError(
                     f"{p.name} exited with {p.popen.returncode} while waiting for {what}; "
                     f"log {p.log_path}:\n{p.log_tail()}"
                 )
@@ -757,36 +438,9 @@ class ControlPlane:
                 tails = "\n".join(
                     f"--- {p.name} ({p.log_path})\n{p.log_tail(15)}" for p in self.processes if p.name == component
                 )
-                raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
+                raise errors.TestbedError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-
-
-def _sweep_stale_workdirs() -> None:
-    """Removes run directories left by test processes that were killed outright (their components died with
-    them). A directory is stale when the pid in its owner.pid is gone; one without owner.pid only after a
-    minute (it may be starting right now)."""
-    for workdir in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
-        try:
-            owner = int((workdir / "owner.pid").read_text())
-        except (OSError, ValueError):
-            try:
-                if time.time() - workdir.stat().st_mtime > 60:
-                    shutil.rmtree(workdir, ignore_errors=True)
-            except OSError:
-                pass
-            continue
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            shutil.rmtree(workdir, ignore_errors=True)
-        except PermissionError:
-            pass
-
-
-def _node_is_schedulable(node: dict[str, Any]) -> bool:
-    taints = node.get("spec", {}).get("taints") or []
-    return node_ready(node) and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
 
 def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
@@ -796,28 +450,6 @@ def _https_healthy(api: kubeapi.KubeApi, path: str) -> bool:
 def _http_ok(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=3) as response:
         return bool(response.status == 200)
-
-
-def _write_rsa_pair(private: Path, public: Path) -> None:
-    """The service-account signing key pair: `cryptography` when installed, else the openssl CLI."""
-    try:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-    except ImportError:
-        subprocess.run(["openssl", "genrsa", "-out", str(private), "2048"], check=True, capture_output=True)
-        subprocess.run(
-            ["openssl", "rsa", "-in", str(private), "-pubout", "-out", str(public)], check=True, capture_output=True
-        )
-        return
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
 
 
 def raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
@@ -834,12 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        binaries = Binaries.locate()
-    except MissingBinaries as err:
+        located = binaries.Binaries.locate()
+    except errors.MissingBinaries as err:
         print(err, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, raise_keyboard_interrupt)
-    with ControlPlane(binaries, nodes=args.nodes, keep_workdir=args.keep) as plane:
+    with ControlPlane(located, nodes=args.nodes, keep_workdir=args.keep) as plane:
         print(plane.kubeconfig, flush=True)
         print(
             f"# up in {plane.startup_seconds:.1f}s; logs in {plane.workdir}. "

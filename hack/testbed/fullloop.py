@@ -28,7 +28,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import binaries
+import components
 import controlplane
+import errors
+import fakenodes
 import kuberay
 import podrunner
 import proxy
@@ -94,7 +98,7 @@ class FullLoopBed:
     runner: podrunner.PodRunner = field(init=False)
     kuberay_operator: kuberay.KubeRayOperator = field(init=False)
     node: str = field(init=False, default="")
-    kubelet: controlplane.Process | None = field(init=False, default=None)
+    kubelet: components.Process | None = field(init=False, default=None)
     cordoned: list[str] = field(init=False, default_factory=list)
 
     def start(self) -> FullLoopBed:
@@ -114,7 +118,7 @@ class FullLoopBed:
         self.node = f"fullloop-{uuid.uuid4().hex[:6]}"
         stages = self.runner.workdir / "kwok-stages.yaml"
         stages.write_text(KWOK_POD_STAGES)
-        self.plane.create_fake_node(self.node, annotations={controlplane.KWOK_ANNOTATION: self.node})
+        self.plane.create_fake_node(self.node, annotations={fakenodes.KWOK_ANNOTATION: self.node})
         self.kubelet = self.plane.start_kwok(annotation=self.node, name=f"kwok-{self.node}", config=stages)
         self.plane.wait_nodes_ready([self.node])
         status, nodes = self.plane.request("GET", "/api/v1/nodes")
@@ -164,12 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
-        binaries = controlplane.Binaries.locate()
-    except controlplane.MissingBinaries as err:
+        located = binaries.Binaries.locate()
+    except errors.MissingBinaries as err:
         print(err, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, controlplane.raise_keyboard_interrupt)
-    with controlplane.ControlPlane(binaries, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
+    with controlplane.ControlPlane(located, nodes=args.nodes) as plane, FullLoopBed.running(plane) as bed:
         print(plane.kubeconfig, flush=True)
         print(
             f"# export KUBECONFIG={plane.kubeconfig}; proxy {bed.forward_proxy.url}; pods in {bed.runner.workdir}",

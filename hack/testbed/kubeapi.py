@@ -1,13 +1,16 @@
-"""The test bed's one HTTPS client to the kube-apiserver (and to a component's /healthz), and the kubeconfigs it
-writes for a bearer token, the admin's or one minted through the TokenRequest API.
+"""The test bed's one HTTPS client to the kube-apiserver (and to a component's /healthz), the kubeconfigs it
+writes for a bearer token, the admin's or one minted through the TokenRequest API, and reading a status condition
+out of an object it returned.
 
 Who uses it: `controlplane.ControlPlane` (readiness probes, `request`, the admin and ServiceAccount kubeconfigs)
 and `podrunner.PodRunner` (every call it makes as the kubelet, and each pod's bound token); the chaos controls
-and the tests reach it through `ControlPlane.request`. No client library: standard library only.
+and the tests reach it through `ControlPlane.request`; `fakenodes` and the tests read conditions (`condition`).
+No client library: standard library only.
 
     KubeApi(server, context, token).request("PATCH", path, body, content_type=...) -> (status, JSON or text)
         one keep-alive connection per thread; HTTP errors are returned as a status, never raised
     service_account_kubeconfig(api, namespace, account, ...)   TokenRequest, then write_kubeconfig
+    condition(obj, "Ready")                                    a status condition of what an answer carried
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ class KubeApi:
         if status != 200:
             raise KubeApiError(f"GET {path} returned {status}: {body}")
         return list(body.get("items") or [])
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The status condition of type `kind` of an API object (a node, a pod), or None."""
+    for cond in (obj or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
 
 
 def write_kubeconfig(

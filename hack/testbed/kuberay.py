@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import yaml  # pyyaml: a core dependency of the project
 
+import components
 import controlplane
 import proxy
 
@@ -30,7 +31,7 @@ class KubeRayOperator:
     namespace: str = "kuberay-system"
     extra_args: tuple[str, ...] = ()
 
-    process: controlplane.Process | None = field(init=False, default=None)
+    process: components.Process | None = field(init=False, default=None)
 
     def install_rbac(self) -> None:
         """The namespace, ServiceAccount, ClusterRole and ClusterRoleBinding from KubeRay's module, applied

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import controlplane
+import components
 import raystart
 from trainingrun_operator import processes
 
@@ -79,7 +79,7 @@ class LocalPod:
         }
 
     def log_tail(self, lines: int = 30) -> str:
-        return controlplane.tail(self.log_path, lines)
+        return components.tail(self.log_path, lines)
 
 
 def pod_processes(uid: str) -> list[int]:

@@ -49,7 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import components
 import controlplane
+import fakenodes
 import kubeapi
 import localpod
 import mountpoints
@@ -248,7 +250,7 @@ class PodRunner:
                     self._start(pod)
             elif local.state in ("killing", "killed", "detached"):
                 continue
-            elif node is None or not controlplane.node_ready(node):
+            elif node is None or not fakenodes.node_ready(node):
                 self._kill(local, f"node {local.node} not Ready", grace=0.0, final_state="killed")
             elif pod["metadata"].get("deletionTimestamp"):
                 self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap), final_state="killed")
@@ -263,9 +265,9 @@ class PodRunner:
 
     def _should_start(self, pod: dict[str, Any], node: dict[str, Any] | None) -> bool:
         meta, status = pod["metadata"], pod.get("status", {})
-        if node is None or controlplane.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
+        if node is None or fakenodes.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
             return False
-        if meta.get("deletionTimestamp") or not controlplane.node_ready(node):
+        if meta.get("deletionTimestamp") or not fakenodes.node_ready(node):
             return False
         # kwok has played the pod (Running, pod IP): from here on, only this runner writes its status.
         if status.get("phase") != "Running" or not status.get("podIP"):
@@ -367,7 +369,7 @@ class PodRunner:
         container = podspec.ray_container(pod)
         env = self._environment(pod, container, local)
         binds = self._binds(pod, container)
-        local.ports = local.ports or {port: controlplane.free_port() for port in raystart.CONTAINER_PORTS}
+        local.ports = local.ports or {port: components.free_port() for port in raystart.CONTAINER_PORTS}
         head_gcs = None
         if local.role != "head":
             head = self.head(local.namespace, local.cluster)
@@ -398,7 +400,7 @@ class PodRunner:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=controlplane.die_with_parent(signal.SIGTERM),
+                preexec_fn=components.die_with_parent(signal.SIGTERM),
             )
         local.state, local.started_at, local.exit_code = "starting", _now(), None
         self._event(local, "Started", f"pid {local.process.pid}: {shlex.join(command)[:300]}")

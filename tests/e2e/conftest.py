@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 import chaos
+import components
 import controlplane
 import fullloop
 import podrunner
@@ -62,7 +63,7 @@ class OperatorProcess:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
         }
-        liveness = f"http://127.0.0.1:{controlplane.free_port()}/healthz"
+        liveness = f"http://127.0.0.1:{components.free_port()}/healthz"
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
             log_file.flush()
@@ -103,7 +104,7 @@ class OperatorProcess:
                 chaos.kill_process(self.popen)
 
     def log_tail(self, lines: int = 60) -> str:
-        return controlplane.tail(self.log_path, lines)
+        return components.tail(self.log_path, lines)
 
 
 def install_chart_rbac(plane: controlplane.ControlPlane, namespace: str) -> str:

@@ -17,6 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import controlplane
+import fakenodes
+import kubeapi
 from support import waiting
 
 pytestmark = pytest.mark.cluster
@@ -265,7 +267,7 @@ def test_a_pod_scheduled_onto_a_kwok_node_runs_and_an_eviction_removes_it(
     scheduled = waiting.wait(running, timeout=60, what="pod evictee Running")
     assert scheduled is not None
     assert scheduled["spec"]["nodeName"] in control_plane.node_names  # placed by kube-scheduler
-    assert (controlplane.condition(scheduled, "Ready") or {}).get("status") == "True"
+    assert (kubeapi.condition(scheduled, "Ready") or {}).get("status") == "True"
 
     _, status, _ = core.create_namespaced_pod_eviction_with_http_info(
         "evictee", namespace, client.V1Eviction(metadata=client.V1ObjectMeta(name="evictee", namespace=namespace))
@@ -303,19 +305,19 @@ def test_a_node_that_stops_heartbeating_turns_unknown_and_its_pods_not_ready(
             )
 
 
-def _the_node_dies(control_plane: controlplane.ControlPlane, namespace: str, node: controlplane.LoneNode) -> None:
+def _the_node_dies(control_plane: controlplane.ControlPlane, namespace: str, node: fakenodes.LoneNode) -> None:
     control_plane.apply(pod("on-doomed-node", **node.pod_fields()), namespace=namespace)
     pod_path = f"/api/v1/namespaces/{namespace}/pods/on-doomed-node"
 
     def pod_ready() -> str:
-        return str((controlplane.condition(control_plane.get(pod_path), "Ready") or {}).get("status"))
+        return str((kubeapi.condition(control_plane.get(pod_path), "Ready") or {}).get("status"))
 
     waiting.wait(lambda: pod_ready() == "True", timeout=60, what="the pod Running and Ready on the doomed node")
 
     node.kubelet.stop()
 
     def node_ready_unknown() -> dict[str, Any] | None:
-        ready = controlplane.condition(control_plane.get(f"/api/v1/nodes/{node.name}"), "Ready")
+        ready = kubeapi.condition(control_plane.get(f"/api/v1/nodes/{node.name}"), "Ready")
         return ready if ready and ready["status"] == "Unknown" else None
 
     node_ready = waiting.wait(node_ready_unknown, timeout=90, what="the node's Ready condition to turn Unknown")

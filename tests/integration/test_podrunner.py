@@ -211,7 +211,7 @@ def test_the_pod_is_reported_ready_only_once_ray_answers(
     reasons = [e.split("]: ", 1)[1].split(":")[0] for e in events]
     assert reasons.index("Started") < reasons.index("Ready")
     pod = control_plane.get(f"/api/v1/namespaces/{ray_cluster['namespace']}/pods/rc-head")
-    assert controlplane.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
+    assert kubeapi.condition(pod, "Ready")["status"] == "True"  # type: ignore[index]
     assert pod["status"]["containerStatuses"][0]["ready"] is True  # type: ignore[index]
 
 
@@ -308,7 +308,7 @@ def test_a_crashed_head_is_reported_terminated_and_failed_under_restart_policy_n
     )
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 137 and terminated["reason"] == "Error"
-    assert controlplane.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
+    assert kubeapi.condition(pod, "Ready")["status"] == "False"  # type: ignore[index]
     waiting.wait(lambda: not localpod.pod_processes(local.uid), timeout=15, what="no leftover Ray process")
 
 
@@ -344,7 +344,7 @@ def test_a_node_failure_kills_its_pods_processes_at_once(
             assert [p.uid for p in killed] == [local.uid]
             assert not localpod.pod_processes(local.uid) and time.monotonic() - started < 10
             node_obj = control_plane.get(f"/api/v1/nodes/{node.name}")
-            assert controlplane.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
+            assert kubeapi.condition(node_obj, "Ready")["status"] == "Unknown"  # type: ignore[index]
             wait_passes(runner)  # passes that saw the pod on a node that is not Ready
             assert runner.find(namespace, "on-doomed") is local and local.state == "killed"  # not restarted
         finally:
@@ -439,10 +439,10 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
     watcher.join(60)
     types = [t for t, _ in seen]
     assert types[-1] == "DELETED", types
-    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if controlplane.condition(pod, "DisruptionTarget"))
+    first_disrupted = next(i for i, (_, pod) in enumerate(seen) if kubeapi.condition(pod, "DisruptionTarget"))
     deleting = next(i for i, (_, pod) in enumerate(seen) if pod["metadata"].get("deletionTimestamp"))
     assert first_disrupted < deleting
-    disruption = controlplane.condition(seen[first_disrupted][1], "DisruptionTarget")
+    disruption = kubeapi.condition(seen[first_disrupted][1], "DisruptionTarget")
     assert disruption is not None and disruption["reason"] == "PreemptionByScheduler"
     waiting.wait(
         lambda: local.state == "killed" and not localpod.pod_processes(local.uid),

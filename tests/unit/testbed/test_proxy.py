@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import controlplane
+import components
 import proxy
 from support import waiting
 
@@ -174,7 +174,7 @@ def test_a_route_can_move_and_be_removed(fwd: proxy.ForwardProxy) -> None:
 
 
 def test_a_dead_upstream_gets_502_not_a_hang(fwd: proxy.ForwardProxy) -> None:
-    dead_port = controlplane.free_port()  # nobody listens there
+    dead_port = components.free_port()  # nobody listens there
     fwd.set_route("dead-head-svc.ns.svc.cluster.local:8265", dead_port)
     status, body = via(fwd, "http://dead-head-svc.ns.svc.cluster.local:8265/api/version")
     assert status == 502 and b"dead-head-svc" in body

@@ -1,0 +1,96 @@
+"""Where the test bed's pinned binaries are: this checkout's pin set (pins.env) in the build cache, and the files
+the control plane applies from outside the binaries (our CRDs, KubeRay's from its Go module).
+
+Who uses it: `controlplane.ControlPlane` (every component it spawns, kubectl, the CRDs), `tests/conftest.py` and
+the `up` commands (`Binaries.locate()`, which says what to build when something is missing).
+
+    pins.env ──> pin_set(pins) ──> <cache>/bin/<pin set>/{etcd, kube-apiserver, ..., paths.env}
+                                                           └── KUBERAY_MODULE_DIR (config/crd/bases, config/rbac)
+
+`hack/testbed/build.sh` (`make testbed`) builds them and writes paths.env; this module only finds them. Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import errors  # this directory is on sys.path: as a script, and in pytest through pyproject's `pythonpath`
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+PINS_FILE = HERE / "pins.env"
+BINARY_NAMES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kuberay-operator",
+    "helm",
+)
+KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines, `#` comments and blank lines ignored (the format of pins.env and paths.env)."""
+    values: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def pin_set(pins: dict[str, str]) -> str:
+    """The cache directory name for one set of pins; build.sh derives the same name."""
+    return (
+        f"k8s-{pins['K8S_VERSION']}_etcd-{pins['ETCD_VERSION']}_kwok-{pins['KWOK_VERSION']}"
+        f"_kuberay-{pins['KUBERAY_VERSION']}_helm-{pins['HELM_VERSION']}"
+    )
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("TESTBED_CACHE") or Path.home() / ".cache" / "trainingrun")
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are."""
+
+    bin_dir: Path
+    kuberay_module_dir: Path
+    versions: dict[str, str]
+
+    def path(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    @classmethod
+    def locate(cls, cache: Path | None = None) -> Binaries:
+        """Finds this checkout's pin set in the cache, or raises MissingBinaries saying what to run."""
+        pins = read_env_file(PINS_FILE)
+        bin_dir = (cache or default_cache()) / "bin" / pin_set(pins)
+        missing = [n for n in (*BINARY_NAMES, "paths.env") if not (bin_dir / n).is_file()]
+        if missing:
+            raise errors.MissingBinaries(
+                f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
+                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores)."
+            )
+        paths = read_env_file(bin_dir / "paths.env")
+        kuberay = Path(paths["KUBERAY_MODULE_DIR"])
+        if not (kuberay / "config" / "crd" / "bases").is_dir():
+            raise errors.MissingBinaries(
+                f"KubeRay module not found at {kuberay} (module cache cleaned?). Run `make testbed`."
+            )
+        return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
+
+
+def default_crd_paths(binaries: Binaries) -> list[Path]:
+    """Ours (every YAML in manifests/crd/) and KubeRay's three CRDs from its module."""
+    ours = sorted((REPO_ROOT / "manifests" / "crd").glob("*.yaml"))
+    bases = binaries.kuberay_module_dir / "config" / "crd" / "bases"
+    return [*ours, *(bases / name for name in KUBERAY_CRDS)]
