@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True, help="checkpoint root directory")
     p.add_argument("--config-json", required=True, help="RuntimeConfig as JSON ({trainer, checkpoint})")
     p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
-    p.add_argument("--event-log", default=None, help="append start-up/controller events as JSON lines here")
+    p.add_argument("--event-log", default=None,
+                   help="append start-up/controller events as JSON lines here "
+                        "(default: ROOT/RUN/attempts/ATTEMPT/events.jsonl, beside the checkpoints)")  # fmt: skip
     p.add_argument("--num-cpus", type=int, default=8, help="logical CPUs of a local Ray (ignored with RAY_ADDRESS)")
     p.add_argument(
         "--run-uid",
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"BadConfig: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    ev = events.EventLog(opts.event_log)
+    ev = events.EventLog(opts.event_log or events.default_path(opts.root, opts.run, opts.attempt))
     ev.emit("driver_started", attempt=opts.attempt)
     rep = reporting.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
     try:

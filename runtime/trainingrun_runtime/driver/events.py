@@ -3,13 +3,14 @@
     driver setup:  driver_started, run_dir_claimed, checkpoint_selected, ray_started, tq_started,
                    tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
     controller:    client_connected, buffer_built, index_restored, pumps_started, step_done (per step, with
-                   the mean reward), checkpoint_committed, finished
+                   the mean reward), checkpoint_committed, generator_lost, generator_replaced, finished
 
 Each event is one JSON line appended (O_APPEND, one write) to a file shared by the
-driver and the controller actor, with the process id and a wall-clock time; tests
-read it to check the restore-before-client ordering, the benchmark reads the
-start-up split from it. Without a path, events go only to the debug log. Pure
-standard library.
+driver and the controller actor, with the process id and a wall-clock time. The driver
+writes it beside the checkpoints (`default_path`: ROOT/RUN/attempts/N/events.jsonl) unless
+told otherwise, so a person (and the goodput benchmark) can read where an attempt's
+start-up time went; tests read it to check the restore-before-client ordering. Without a
+path, events go only to the debug log. Pure standard library.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EventLog", "read"]
+__all__ = ["EventLog", "default_path", "read"]
 
 log = logging.getLogger(__name__)
+
+
+def default_path(root: str | os.PathLike[str], run: str, attempt: int) -> Path:
+    """`<root>/<run>/attempts/<attempt>/events.jsonl` (created): where a driver logs its events unless told."""
+    path = Path(root) / run / "attempts" / str(attempt) / "events.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class EventLog:
