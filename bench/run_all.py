@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench-results.json"
-ORDER = ["bench_dataplane.py", "bench_grpo.py", "bench_operator.py"]
+ORDER = ["bench_dataplane.py", "bench_grpo.py", "bench_operator.py", "bench_goodput.py"]
 REQUIRED = [
     "dataplane_save_vs_disk",
     "dataplane_load_vs_disk",
@@ -26,6 +26,9 @@ REQUIRED = [
     "kuberay_rayjob_to_raycluster_p99_ms",
     "failure_to_next_rayjob_ms_beyond_backoff",
     "operator_rss_mb_500_runs",
+    "goodput_under_disruption",
+    "worker_loss_steps_lost",
+    "worker_loss_new_attempts",
 ]
 
 

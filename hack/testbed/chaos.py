@@ -10,6 +10,7 @@ processes:
                                the taint manager do)
     fail_node(...)             the node's kubelet stops (its kwok process), the node turns NotReady, and every
                                process of its pods is SIGKILLed (the machine is gone)
+    lapse_node(...)            the node's kubelet stops and the node turns NotReady; its processes run on
     kill_driver(...)           SIGKILL to the Ray job's driver process only; the pod and Ray stay up
     partition(...)             the pod is force-deleted but its processes keep running, optionally frozen until
                                `thaw` (a zombie attempt)
@@ -110,11 +111,17 @@ def disrupt_and_delete(
 def fail_node(
     plane: controlplane.ControlPlane, runner: podrunner.PodRunner, node: str, kubelet: components.Process
 ) -> list[localpod.LocalPod]:
-    """The node dies: its kubelet (a kwok process that manages only this node) stops, every process of its pods
-    is SIGKILLed, and its Ready condition turns Unknown at once (the node lifecycle controller would do the same
-    after its grace period, and then taints the node and marks its pods not Ready). Returns the pods killed."""
+    """The node dies: its kubelet stops posting status (`lapse_node`) and every process of its pods is SIGKILLed
+    (the machine is gone). Returns the pods killed."""
+    lapse_node(plane, node, kubelet)
+    return runner.kill_node(node)
+
+
+def lapse_node(plane: controlplane.ControlPlane, node: str, kubelet: components.Process) -> None:
+    """The node stops heartbeating while its processes keep running (a kubelet or network blip): its kubelet (a
+    kwok process that manages only this node) stops, and its Ready condition turns Unknown at once (the node
+    lifecycle controller would do the same after its grace period, then mark its pods not Ready)."""
     kubelet.stop(timeout=5)
-    killed = runner.kill_node(node)
     now = timestamps.now(timespec="seconds")
     status, body = plane.request(
         "PATCH",
@@ -137,7 +144,6 @@ def fail_node(
     )
     if status != 200:
         raise ChaosError(f"marking node {node} NotReady returned {status}: {body}")
-    return killed
 
 
 def driver_processes(runner: podrunner.PodRunner, namespace: str, pod: str, pattern: str) -> list[int]:

@@ -13,6 +13,9 @@ Who uses it: the full-loop fixtures (tests/e2e/conftest.py, `FullLoopBed.running
             ├── podrunner.PodRunner         plays the kubelet for KubeRay's pods
             ├── a kwok node "fullloop-…"    with KWOK_POD_STAGES (pods start Running but not Ready); the other
             │                               schedulable nodes are cordoned while the bed is up
+            ├── a kwok node "fullloop-workers-…", the same but tainted WORKER_TAINT: only pods that tolerate
+            │                               it land there (a cluster-shaped run's worker groups), each node with
+            │                               a kwok of its own, so that one can stop heartbeating alone
             └── kuberay.KubeRayOperator     HTTP_PROXY = the proxy
 """
 
@@ -87,6 +90,10 @@ spec:
 """
 
 
+WORKER_TAINT = {"key": "trainingrun.dev/testbed-workers", "value": "true", "effect": "NoSchedule"}
+"""On the bed's worker node: a run's worker groups tolerate it (and select the node), nothing else lands there."""
+
+
 @dataclass(eq=False)
 class FullLoopBed:
     """Proxy, pod runner and KubeRay on a running control plane, plus a node of its own for the Ray pods: kwok
@@ -99,6 +106,8 @@ class FullLoopBed:
     kuberay_operator: kuberay.KubeRayOperator = field(init=False)
     node: str = field(init=False, default="")
     kubelet: components.Process | None = field(init=False, default=None)
+    worker_node: str = field(init=False, default="")
+    worker_kubelet: components.Process | None = field(init=False, default=None)
     cordoned: list[str] = field(init=False, default_factory=list)
 
     def start(self) -> FullLoopBed:
@@ -113,35 +122,49 @@ class FullLoopBed:
         return self
 
     def _start_node(self) -> None:
-        """The Ray pods' node, played by a kwok of its own with KWOK_POD_STAGES; then every other schedulable
-        node cordoned."""
-        self.node = f"fullloop-{uuid.uuid4().hex[:6]}"
-        stages = self.runner.workdir / "kwok-stages.yaml"
-        stages.write_text(KWOK_POD_STAGES)
-        self.plane.create_fake_node(self.node, annotations={fakenodes.KWOK_ANNOTATION: self.node})
-        self.kubelet = self.plane.start_kwok(annotation=self.node, name=f"kwok-{self.node}", config=stages)
-        self.plane.wait_nodes_ready([self.node])
+        """The Ray pods' nodes (the head's, and the worker groups' behind WORKER_TAINT), each played by a kwok of
+        its own with KWOK_POD_STAGES; then every other schedulable node cordoned."""
+        suffix = uuid.uuid4().hex[:6]
+        self.node, self.worker_node = f"fullloop-{suffix}", f"fullloop-workers-{suffix}"
+        self.kubelet = self.start_ray_node(self.node)
+        self.worker_kubelet = self.start_ray_node(self.worker_node, taints=[WORKER_TAINT])
+        self.plane.wait_nodes_ready([self.node, self.worker_node])
         status, nodes = self.plane.request("GET", "/api/v1/nodes")
         for other in nodes["items"] if status == 200 else []:
             name = other["metadata"]["name"]
-            if name != self.node and not other["spec"].get("unschedulable"):
+            if name not in (self.node, self.worker_node) and not other["spec"].get("unschedulable"):
                 self.plane.kubectl("cordon", name)
                 self.cordoned.append(name)
 
+    def start_ray_node(self, name: str, *, taints: list[dict[str, str]] | None = None) -> components.Process:
+        """Creates node `name` for Ray pods and starts the kwok that plays it (also: a replaced node registering)."""
+        self.plane.create_fake_node(name, annotations={fakenodes.KWOK_ANNOTATION: name}, taints=taints or [])
+        return self.start_kubelet(name)
+
+    def start_kubelet(self, name: str) -> components.Process:
+        """Starts the kwok that plays Ray node `name` (also: the kubelet of a node that stopped heartbeating, back)."""
+        stages = self.runner.workdir / "kwok-stages.yaml"
+        stages.write_text(KWOK_POD_STAGES)
+        return self.plane.start_kwok(annotation=name, name=f"kwok-{name}", config=stages)
+
     def stop(self) -> None:
-        for part in ("kuberay_operator", "runner", "kubelet", "forward_proxy"):
+        for part in ("kuberay_operator", "runner", "kubelet", "worker_kubelet", "forward_proxy"):
             thing = getattr(self, part, None)
             if thing is not None:
                 thing.stop()
         for name in self.cordoned:
             self.plane.kubectl("uncordon", name, check=False)
         self.cordoned.clear()
-        if self.node:
-            self.plane.kubectl("delete", "node", self.node, "--ignore-not-found", "--wait=false", check=False)
+        for node in (self.node, self.worker_node):
+            if node:
+                self.plane.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
 
     def describe(self) -> str:
         """A dump for failing tests: the pod runner's view, the node's kwok log and KubeRay's log."""
         kubelet = self.kubelet.log_tail(10) if self.kubelet else ""
+        kubelet += (
+            f"\n--- kwok for {self.worker_node}\n{self.worker_kubelet.log_tail(10)}" if self.worker_kubelet else ""
+        )
         operator = getattr(self, "kuberay_operator", None)
         runner = getattr(self, "runner", None)
         return (

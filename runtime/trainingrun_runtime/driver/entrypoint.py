@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         _shutdown_ray()
         print(f"RestoreFailed: {e}", file=sys.stderr)
         return EXIT_RESTORE_FAILED
+    except GenerationLost as e:
+        _shutdown_ray()
+        print(f"GenerationLost: {e}", file=sys.stderr)
+        return EXIT_GENERATION_LOST
     import ray
 
     try:

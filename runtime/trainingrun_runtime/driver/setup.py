@@ -39,6 +39,7 @@ from trainingrun_runtime.driver import (
     restore,
     trainers,
 )
+from trainingrun_runtime.errors import GenerationLost
 from trainingrun_runtime.storage import fence, layout
 
 __all__ = ["DriverOptions", "Setup", "setup_single_controller"]
@@ -112,7 +113,14 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         raise
 
     generation_options = placement.generation(opts.config.generation)
-    generators = _start_generators(tcfg, prefix, generation_options, the_trainers, version=rollout.sampler.step)
+    try:
+        generators = _start_generators(
+            tcfg, prefix, generation_options, the_trainers, version=rollout.sampler.step,
+            within_s=opts.config.generation.replacement_seconds,
+        )  # fmt: skip
+    except BaseException:
+        the_trainers.close()
+        raise
     ev.emit("generators_ready", version=rollout.sampler.step)
     args = controller.SingleControllerActorArgs(
         config=opts.config,
@@ -148,11 +156,23 @@ def _start_generators(
     the_trainers: trainers.Trainers,
     *,
     version: int,
+    within_s: float,
 ) -> list[Any]:
-    """The generation workers, placed by `options`, each holding the trainer's current weights as policy `version`."""
+    """The generation workers, placed by `options`, each holding the trainer's current weights as policy `version`.
+
+    GenerationLost if they are not all up within `within_s` seconds (a worker group whose pods never come: the
+    same bound as for a lost worker's replacement).
+    """
     import ray
+    from ray.exceptions import GetTimeoutError
 
     generators = [generation_workers.spawn(cfg, f"{prefix}-gen-{i}", options) for i in range(cfg.generation_workers)]
     weights = the_trainers.weights_ref()
-    ray.get([g.load_weights.remote(version, weights) for g in generators])
+    try:
+        ray.get([g.load_weights.remote(version, weights) for g in generators], timeout=within_s)
+    except GetTimeoutError:
+        raise GenerationLost(
+            f"{cfg.generation_workers} generation workers were not all up within {within_s:g} s "
+            "(spec.restartPolicy.workerReplacementSeconds): no room for them on the worker groups?"
+        ) from None
     return generators

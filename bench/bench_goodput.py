@@ -1,0 +1,237 @@
+"""Benchmark: goodput under disruption on the full loop, and where a head loss's seconds go.
+
+    calm:   the cluster-shaped example (head + a worker group of 2 on its own node) runs STEPS steps undisturbed
+    storm:  the same run under a seeded schedule of disruptions, each when the run reaches its step:
+              worker eviction, head eviction (Eviction API), worker eviction, SIGKILL of the driver, worker-node
+              failure (the machine gone; the cloud registers a new node of the same name and shape)
+    goodput_under_disruption = calm wall time / storm wall time           (goal >= 0.8 on this machine)
+
+Both are timed from `kubectl apply` to phase Succeeded, on the same bed (control plane, real KubeRay, our operator
+as the chart runs it, the pod runner playing Ray pods), one after the other. Per disruption kind it writes the
+steps lost (the attempt history's `stepsLost`, which counts from the newest recorded checkpoint), the new attempts
+it caused, and the seconds until training made progress again past the step where it struck. For the head's loss
+the time to progress is split into stages, from the driver's event log (ROOT/RUN/attempts/N/events.jsonl, on the
+PVC) and the API objects:
+
+    struck -> detected (the attempt ended in status) -> next RayJob created -> Ray cluster ready (KubeRay
+           submitted the driver: it started) -> restore done (TransferQueue and the policy loaded) -> driver set up
+           (the controller actor created) -> first new step
+
+The schedule is harsh for spot capacity on purpose: five disruptions in a run of a few minutes, where a real spot
+pool loses a VM every few hours; so each kind is hit at least once and the cost of each is visible beside the
+others. Writes its figures under "goodput" in bench-results.json (merging) and prints them.
+
+    .venv/bin/python bench/bench_goodput.py [--steps 60] [--seed 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench-results.json"
+sys.path[:0] = [str(ROOT / "hack" / "testbed"), str(ROOT / "tests")]
+
+import chaos  # noqa: E402  (hack/testbed is not a package)
+import controlplane  # noqa: E402
+import examples  # noqa: E402
+import fullloop  # noqa: E402
+import ourop  # noqa: E402
+from support import waiting  # noqa: E402
+from trainingrun_runtime import timestamps  # noqa: E402
+from trainingrun_runtime.driver import events  # noqa: E402
+
+NAMESPACE = "bench-goodput"
+SAVE_PERIOD = 10
+
+
+@dataclass
+class Strike:
+    """One disruption: what, at which step, when, and what the run was doing then."""
+
+    kind: str
+    at_step: int
+    t: float = 0.0
+    attempt: int = 0
+    reached: int = 0
+    progress_s: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def status(plane: controlplane.ControlPlane, name: str) -> dict[str, Any]:
+    run = plane.get(f"/apis/trainingrun.dev/v1alpha1/namespaces/{NAMESPACE}/trainingruns/{name}")
+    return dict((run or {}).get("status") or {})
+
+
+def runtime_step(plane: controlplane.ControlPlane, name: str) -> tuple[int, int]:
+    """(attempt, newest finished step) as the driver last reported them (0, 0 before any report)."""
+    runtime = status(plane, name).get("runtime") or {}
+    return int(runtime.get("attempt") or 0), int(runtime.get("step") or 0)
+
+
+def live_workers(plane: controlplane.ControlPlane) -> list[dict[str, Any]]:
+    found = chaos.pods(plane, NAMESPACE, "ray.io/node-type=worker")
+    return [p for p in found if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+
+
+def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str, steps: int,
+             schedule: list[Strike], rng: random.Random) -> float:  # fmt: skip
+    """Applies the run, strikes each disruption at its step, returns seconds from apply to Succeeded."""
+    run = examples.cluster_run(bed, name, steps=steps, logEvery=5)
+    run["spec"]["checkpoint"]["savePeriod"] = SAVE_PERIOD
+    run["spec"]["checkpoint"]["pvc"]["claimName"] = f"{name}-checkpoints"
+    run["spec"]["restartPolicy"]["backoff"] = {"initialSeconds": 1, "maxSeconds": 5, "factor": 2}
+    started = time.time()
+    plane.apply(examples.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=NAMESPACE)
+    pending = list(schedule)
+    while True:
+        current = status(plane, name)
+        if current.get("phase") in ("Succeeded", "Failed"):
+            break
+        attempt, step = runtime_step(plane, name)
+        if pending and attempt and step >= pending[0].at_step:
+            strike(plane, bed, name, pending.pop(0), attempt, step, rng)
+        time.sleep(0.5)
+    if current.get("phase") != "Succeeded":
+        raise SystemExit(f"{name} ended {current.get('phase')}: {current.get('reason')}: {current.get('message')}")
+    return time.time() - started
+
+
+def strike(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str, hit: Strike, attempt: int,
+           step: int, rng: random.Random) -> None:  # fmt: skip
+    hit.t, hit.attempt, hit.reached = time.time(), attempt, step
+    print(f"  step {step} of attempt {attempt}: {hit.kind}", flush=True)
+    if hit.kind == "worker_loss":
+        victim = rng.choice(waiting.wait(lambda: live_workers(plane), timeout=300, what="a live worker"))
+        chaos.evict(plane, NAMESPACE, victim["metadata"]["name"])
+    elif hit.kind == "head_loss":
+        chaos.evict(plane, NAMESPACE, chaos.head_pod(plane, NAMESPACE)["metadata"]["name"])
+    elif hit.kind == "driver_kill":
+        head = chaos.head_pod(plane, NAMESPACE)["metadata"]["name"]
+        chaos.kill_driver(bed.runner, NAMESPACE, head)
+    elif hit.kind == "node_failure":
+        assert bed.worker_kubelet is not None
+        chaos.fail_node(plane, bed.runner, bed.worker_node, bed.worker_kubelet)
+        plane.kubectl("delete", "node", bed.worker_node, "--wait=true", timeout=120)
+        bed.worker_kubelet = bed.start_ray_node(bed.worker_node, taints=[fullloop.WORKER_TAINT])
+
+
+def measure_progress(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str,
+                     hits: list[Strike]) -> None:  # fmt: skip
+    """After the run: when training first passed each strike's step, and a head loss's stages, from the event
+    logs of every attempt (on the PVC) and the run's status."""
+    claim = bed.runner.claim_directory(NAMESPACE, f"{name}-checkpoints")
+    done: list[tuple[float, int, int]] = []  # (time, attempt, step)
+    logs: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted((claim / name / "attempts").glob("*/events.jsonl")):
+        number = int(path.parent.name)
+        logs[number] = events.read(path)
+        done += [(e["t"], number, e["step"]) for e in logs[number] if e["event"] == "step_done"]
+    history = {a["number"]: a for a in status(plane, name).get("attempts") or []}
+    for hit in hits:
+        later = [t for t, _, s in sorted(done) if t > hit.t and s > hit.reached]
+        hit.progress_s = later[0] - hit.t if later else None
+        if hit.kind == "head_loss":
+            hit.stages = head_loss_stages(hit, history, logs)
+
+
+def head_loss_stages(hit: Strike, history: dict[int, dict[str, Any]], logs: dict[int, list[dict[str, Any]]]
+                     ) -> dict[str, float]:  # fmt: skip
+    """Seconds from the strike to the end of each stage (second-precision API times, event-log times to the ms)."""
+    ended = history.get(hit.attempt) or {}
+    nxt = history.get(hit.attempt + 1) or {}
+    log = {e["event"]: e["t"] for e in reversed(logs.get(hit.attempt + 1, []))}
+    first_step = next((e["t"] for e in logs.get(hit.attempt + 1, []) if e["event"] == "step_done"), None)
+    points = {
+        "detected": ended.get("end"),
+        "rayjob": nxt.get("start"),
+        "cluster_ready": log.get("driver_started"),
+        "restore": log.get("policy_loaded"),
+        "setup": log.get("actor_created"),
+        "first_step": first_step,
+    }
+    return {
+        stage: round((timestamps.parse(v).timestamp() if isinstance(v, str) else v) - hit.t, 1)
+        for stage, v in points.items()
+        if v is not None
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("BENCH_SEED", "7")))
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    kinds = ["worker_loss", "head_loss", "worker_loss", "driver_kill", "node_failure"]
+    spots = sorted(rng.sample(range(SAVE_PERIOD // 2, args.steps - 5), len(kinds)))
+    schedule = [Strike(kind, at) for kind, at in zip(kinds, spots, strict=True)]
+    with controlplane.ControlPlane(nodes=1) as plane, fullloop.FullLoopBed.running(plane) as bed:
+        operator = ourop.start(plane)
+        try:
+            plane.create_namespace(NAMESPACE)
+            print(f"calm: {args.steps} steps, no disruption", flush=True)
+            calm = run_once(plane, bed, "calm", args.steps, [], rng)
+            print(f"calm: {calm:.0f} s; storm: {[(s.kind, s.at_step) for s in schedule]}", flush=True)
+            storm = run_once(plane, bed, "storm", args.steps, schedule, rng)
+            measure_progress(plane, bed, "storm", schedule)
+            history = status(plane, "storm").get("attempts") or []
+        finally:
+            with contextlib.suppress(Exception):
+                plane.kubectl("delete", "trainingruns.trainingrun.dev", "--all", "-n", NAMESPACE, "--wait=true",
+                              "--timeout=90s", check=False, timeout=120)  # fmt: skip
+            operator.stop()
+    figures = figures_of(args, calm, storm, schedule, history)
+    merge(figures)
+    print(json.dumps(figures, indent=2, sort_keys=True))
+    return 0
+
+
+def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: list[Strike],
+               history: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    ended_by = {h["number"]: h for h in history}
+    figures: dict[str, Any] = {
+        "steps": args.steps,
+        "seed": args.seed,
+        "schedule": [f"{s.kind}@{s.at_step}" for s in schedule],
+        "calm_s": round(calm, 1),
+        "storm_s": round(storm, 1),
+        "goodput_under_disruption": round(calm / storm, 3),
+        "attempts": len(history) + 1,
+        "goals": {"goodput_under_disruption": ">= 0.8", "worker_loss_steps_lost": "0", "worker_loss_new_attempts": "0"},
+    }
+    for kind in ("worker_loss", "head_loss", "driver_kill", "node_failure"):
+        hits = [s for s in schedule if s.kind == kind]
+        ended = [ended_by[s.attempt] for s in hits if s.attempt in ended_by]
+        new_attempts = sum(1 for s in hits if s.attempt in ended_by)
+        figures[f"{kind}_new_attempts"] = new_attempts
+        figures[f"{kind}_steps_lost"] = sum(int(e.get("stepsLost") or 0) for e in ended)
+        progress = [s.progress_s for s in hits if s.progress_s is not None]
+        figures[f"{kind}_to_progress_s"] = round(max(progress), 1) if progress else None
+    for stage, seconds in next((s.stages for s in schedule if s.kind == "head_loss"), {}).items():
+        figures[f"head_loss_stage_{stage}_s"] = seconds
+    return figures
+
+
+def merge(figures: dict[str, Any]) -> None:
+    current: dict[str, Any] = {}
+    if RESULTS.exists():
+        with contextlib.suppress(json.JSONDecodeError):
+            current = json.loads(RESULTS.read_text())
+    current["goodput"] = figures
+    tmp = RESULTS.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, RESULTS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
