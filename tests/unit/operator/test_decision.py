@@ -413,6 +413,17 @@ def test_an_invalid_trainer_fails_the_run_naming_the_field() -> None:
     assert creates(result) == []
 
 
+def test_a_head_that_cannot_host_the_run_state_fails_the_run_before_any_rayjob_naming_the_field_and_fix() -> None:
+    doc = spec_doc()
+    doc["ray"]["head"]["rayStartParams"] = {"num-cpus": "2"}
+    store = Store(doc)
+    result = store.decide()
+    assert store.phase == "Failed" and store.status["reason"] == "InvalidSpec"
+    assert store.status["message"].startswith("spec.ray.head.rayStartParams.num-cpus: the head's Ray gets 2")
+    assert 'num-cpus to "3" or more' in store.status["message"]
+    assert creates(result) == []
+
+
 UNPARSED = "spec.checkpoint.savePeriod: Input should be greater than or equal to 1"
 FINISHED = AttemptObservation(
     number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED")
