@@ -1,29 +1,41 @@
-"""Why an attempt ended: the failure classes and the rules that map observations to them. Pure.
+"""Why an attempt ended, and which of its worker pods were lost on the way: the failure classes and the rules
+that map observations to them. Pure.
 
 Called by `decision.py` on every reconcile of a Starting or Running attempt. The rules run in a fixed order;
-the first that matches decides (a disrupted pod explains a failed job, so disruption is checked before the
-job's own verdict):
+the first that matches decides (a disrupted head explains a failed job, so it is checked before the job's own
+verdict):
 
 1. the driver reported a restore error for this attempt           -> FailedRestore
-2. any pod of the attempt has (or, now gone, was last seen with) DisruptionTarget,
-   was Evicted or Preempted, or sits on a node that is gone or NotReady -> Preempted
+2. the head pod has (or, now gone, was last seen with) DisruptionTarget,
+   was Evicted or Preempted, or its node is gone                  -> Preempted
+   the head's node stopped reporting (Ready False or Unknown) before the driver's verdict, and the head pod is
+   being deleted, or the node has not been Ready for nodeNotReadySeconds, or the driver's last progress report
+   of this attempt is older than that                             -> Preempted
+   (before then the attempt goes on: a kubelet or network blip; `grace_left` says when to look again)
 3. the RayJob was suspended by someone else (a Kueue-style queue)
    after the attempt was running                                  -> Preempted
-4. the driver's exit code is known (local mode, or parsed from
-   KubeRay's message): 0 succeeded, 3 / "RestoreFailed:" -> FailedRestore,
-   2 (bad config) -> ApplicationFailure (permanent), else -> ApplicationFailure
+4. the driver's exit code is known (local mode, or parsed from KubeRay's message): 0 succeeded,
+   3 / "RestoreFailed:" -> FailedRestore, 4 / "GenerationLost:" (no generation worker came back within
+   workerReplacementSeconds) -> Preempted, 2 (bad config) -> ApplicationFailure (permanent),
+   else -> ApplicationFailure
 5. KubeRay's verdict: SUCCEEDED -> success; SubmissionFailed, ValidationFailed, STOPPED,
    grace period exceeded -> InfrastructureFailure; AppFailed / FAILED -> ApplicationFailure
 6. an image that cannot be pulled, a container config error       -> InfrastructureFailure
 7. the head pod is gone, being deleted or terminated while the attempt
    should be running (KubeRay 1.5 leaves the RayJob Running forever) -> InfrastructureFailure
 8. the RayJob itself disappeared after the attempt was running     -> InfrastructureFailure
-Otherwise the attempt is still going (None).
+Then: an ApplicationFailure that is not permanent, in an attempt that lost a worker pod, is Preempted (the lost
+worker explains it). Otherwise the attempt is still going (None).
+
+Worker pods never end an attempt: generation is all they run, and the driver replaces it. `lost_workers` lists
+the worker pods lost to DisruptionTarget, an eviction, a deletion (not the cluster's own teardown) or their node's
+removal, for the decision to count. A worker's node that only stops reporting is no loss: the pod may come back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 
 from trainingrun_operator.observation import (
@@ -33,15 +45,19 @@ from trainingrun_operator.observation import (
     exit_code_from_message,
 )
 
-__all__ = ["FailureClass", "Outcome", "classify"]
+__all__ = ["Context", "FailureClass", "LostWorker", "Outcome", "classify", "grace_left", "lost_workers"]
 
 EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
+EXIT_GENERATION_LOST = 4
 RESTORE_FAILED_PREFIX = "RestoreFailed:"
+GENERATION_LOST_PREFIX = "GenerationLost:"
 
 _IMAGE_ERRORS = frozenset(
     {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError"}
 )
+_JOB_ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+_DEPLOYMENT_ENDED = frozenset({"Complete", "Failed", "Suspending", "Suspended"})
 
 
 class FailureClass(str, enum.Enum):
@@ -69,16 +85,116 @@ class Outcome:
 SUCCESS = Outcome(failure=None, detail="the driver finished")
 
 
-def _disruption(pod: PodObservation) -> str:
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the decision knows about the attempt beside the observation: from the status, the spec and the clock."""
+
+    now: datetime.datetime
+    node_not_ready_seconds: float  # spec.restartPolicy.nodeNotReadySeconds
+    running: bool = False  # the attempt reached Running: a missing head or RayJob was lost, not not-yet-made
+    restore_error: str | None = None  # status.runtime.restoreError, if that report is this attempt's
+    last_report: datetime.datetime | None = None  # status.runtime.updated, if that report is this attempt's
+    workers_lost: tuple[str, ...] = ()  # worker pods this attempt lost so far, oldest first (this pass's included)
+
+
+@dataclasses.dataclass(frozen=True)
+class LostWorker:
+    """A worker pod of the attempt that is lost, and why."""
+
+    name: str
+    cause: str
+
+
+def _head_disruption(pod: PodObservation) -> str:
     if pod.disruption:
-        return f"pod {pod.name} has DisruptionTarget ({pod.disruption})"
+        return f"the head pod {pod.name} has DisruptionTarget ({pod.disruption})"
     if pod.reason in EVICTION_REASONS:
-        return f"pod {pod.name} was {pod.reason}"
+        return f"the head pod {pod.name} was {pod.reason}"
     if pod.node_gone:
-        return f"node {pod.node_name} of pod {pod.name} is gone"
-    if pod.node_ready is False:
-        return f"node {pod.node_name} of pod {pod.name} is not Ready (its Ready condition is False or Unknown)"
+        return f"node {pod.node_name} of the head pod {pod.name} is gone"
     return ""
+
+
+def _head_not_ready(head: PodObservation, ctx: Context) -> tuple[str, float | None]:
+    """For a head on a node that stopped reporting: (why the attempt ends now, else ""; seconds until it would)."""
+    where = f"node {head.node_name} of the head pod {head.name} is not Ready (its Ready condition is False or Unknown)"
+    grace = ctx.node_not_ready_seconds
+    if head.deleting:
+        return f"{where} and the pod is being deleted", None
+    if head.node_ready_changed is None:
+        return f"{where}, since a time the node does not say", None
+    down = (ctx.now - head.node_ready_changed).total_seconds()
+    if down >= grace:
+        return f"{where} for {down:.0f}s (spec.restartPolicy.nodeNotReadySeconds: {grace:g})", None
+    left = grace - down
+    if ctx.last_report is not None:
+        quiet = (ctx.now - ctx.last_report).total_seconds()
+        if quiet > grace:
+            return (
+                f"{where} and the driver has not reported progress for {quiet:.0f}s "
+                f"(spec.restartPolicy.nodeNotReadySeconds: {grace:g})",
+                None,
+            )
+        left = min(left, grace - quiet)
+    return "", max(0.0, left)
+
+
+def _not_ready_head(obs: AttemptObservation) -> PodObservation | None:
+    """The head, if its node stopped reporting while the driver has no verdict yet (once it has one, that decides)."""
+    head, job = obs.head, obs.rayjob
+    if head is None or head.node_ready is not False or obs.exit_code is not None:
+        return None
+    return None if job is not None and job.job_status in _JOB_ENDED else head
+
+
+def _head_lost(obs: AttemptObservation, ctx: Context) -> str:
+    for pod in (*obs.pods, *obs.departed):
+        why = _head_disruption(pod) if pod.is_head else ""
+        if why:
+            return why
+    head = _not_ready_head(obs)
+    return _head_not_ready(head, ctx)[0] if head is not None else ""
+
+
+def grace_left(obs: AttemptObservation, ctx: Context) -> float | None:
+    """Seconds until the head's NotReady node ends the attempt if nothing changes (None: no such node), for the
+    decision to look again then. Only meaningful while `classify` says the attempt is still going."""
+    head = _not_ready_head(obs)
+    return _head_not_ready(head, ctx)[1] if head is not None else None
+
+
+def _tearing_down(obs: AttemptObservation) -> bool:
+    """The Ray cluster is going away as a whole: the job ended, the RayJob is being deleted, or the head is going."""
+    job, head = obs.rayjob, obs.head
+    if job is not None and (job.deleting or job.job_status in _JOB_ENDED or job.deployment_status in _DEPLOYMENT_ENDED):
+        return True
+    return head is None or head.deleting
+
+
+def _worker_cause(pod: PodObservation, teardown: bool) -> str:
+    if pod.disruption:
+        return f"DisruptionTarget: {pod.disruption}"
+    if pod.reason in EVICTION_REASONS:
+        return pod.reason
+    if pod.node_gone:
+        return f"its node {pod.node_name} is gone"
+    if pod.deleting and not teardown:
+        return "deleted"
+    return ""
+
+
+def lost_workers(obs: AttemptObservation) -> tuple[LostWorker, ...]:
+    """The attempt's worker pods that are lost, present or departed, each once. A worker deleted while the whole
+    cluster goes (the cluster's own teardown) is not lost; nor is one whose node only stopped reporting."""
+    teardown = _tearing_down(obs)
+    found: dict[str, LostWorker] = {}
+    for pod in (*obs.pods, *obs.departed):
+        if pod.is_head or pod.name in found:
+            continue
+        cause = _worker_cause(pod, teardown)
+        if cause:
+            found[pod.name] = LostWorker(pod.name, cause)
+    return tuple(found.values())
 
 
 def _from_exit_code(code: int, message: str) -> Outcome:
@@ -86,6 +202,12 @@ def _from_exit_code(code: int, message: str) -> Outcome:
         return SUCCESS
     if code == EXIT_RESTORE_FAILED or RESTORE_FAILED_PREFIX in message:
         return Outcome(FailureClass.FAILED_RESTORE, f"the driver could not restore (exit code {code})")
+    if code == EXIT_GENERATION_LOST or GENERATION_LOST_PREFIX in message:
+        return Outcome(
+            FailureClass.PREEMPTED,
+            "no generation worker came back within spec.restartPolicy.workerReplacementSeconds "
+            f"(the driver exited with code {code}, GenerationLost)",
+        )
     if code == EXIT_BAD_CONFIG:
         return Outcome(FailureClass.APPLICATION_FAILURE, "the driver rejected its configuration (exit code 2)", True)
     return Outcome(FailureClass.APPLICATION_FAILURE, f"the driver exited with code {code}")
@@ -102,8 +224,12 @@ def _from_rayjob(obs: AttemptObservation) -> Outcome | None:
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, f"KubeRay: {job.reason}: {job.message}".strip(), permanent)
     if job.job_status == "FAILED" or job.reason == "AppFailed":
         code = exit_code_from_message(job.message)
-        if code is not None or RESTORE_FAILED_PREFIX in job.message:
-            return _from_exit_code(code if code is not None else EXIT_RESTORE_FAILED, job.message)
+        if code is None and RESTORE_FAILED_PREFIX in job.message:
+            code = EXIT_RESTORE_FAILED
+        elif code is None and GENERATION_LOST_PREFIX in job.message:
+            code = EXIT_GENERATION_LOST
+        if code is not None:
+            return _from_exit_code(code, job.message)
         return Outcome(FailureClass.APPLICATION_FAILURE, f"the Ray job failed: {job.message}".strip())
     if job.job_status == "STOPPED" or job.deployment_status == "Failed":
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, f"KubeRay: {job.reason or job.job_status}: {job.message}")
@@ -128,29 +254,35 @@ def _from_pods(obs: AttemptObservation, running: bool) -> Outcome | None:
     return None
 
 
-def classify(obs: AttemptObservation, *, running: bool, restore_error: str | None) -> Outcome | None:
-    """The outcome of the attempt `obs` describes, or None while it is still going.
+def classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
+    """The outcome of the attempt `obs` describes, or None while it is still going (see the module docstring)."""
+    outcome = _classify(obs, ctx)
+    if outcome is None or outcome.failure is not FailureClass.APPLICATION_FAILURE or outcome.permanent:
+        return outcome
+    if not ctx.workers_lost:
+        return outcome
+    last, count = ctx.workers_lost[-1], len(ctx.workers_lost)
+    also = f" ({count} worker pods lost in this attempt)" if count > 1 else ""
+    return Outcome(FailureClass.PREEMPTED, f"{outcome.detail}, after worker pod {last} was lost{also}")
 
-    `running`: the attempt reached Running (so a missing head or RayJob means it was lost, not not-yet-made).
-    `restore_error`: `status.runtime.restoreError` if the report belongs to this attempt.
-    """
-    if restore_error:
-        return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {restore_error}")
-    for pod in (*obs.pods, *obs.departed):
-        why = _disruption(pod)
-        if why:
-            return Outcome(FailureClass.PREEMPTED, why)
+
+def _classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
+    if ctx.restore_error:
+        return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {ctx.restore_error}")
+    why = _head_lost(obs, ctx)
+    if why:
+        return Outcome(FailureClass.PREEMPTED, why)
     job = obs.rayjob
-    if job is not None and running and (job.suspend or job.deployment_status in ("Suspending", "Suspended")):
+    if job is not None and ctx.running and (job.suspend or job.deployment_status in ("Suspending", "Suspended")):
         return Outcome(FailureClass.PREEMPTED, f"RayJob {job.name} was suspended by a queue")
     if obs.exit_code is not None:
         return _from_exit_code(obs.exit_code, obs.stderr_tail)
     verdict = _from_rayjob(obs)
     if verdict is not None:
         return verdict
-    verdict = _from_pods(obs, running)
+    verdict = _from_pods(obs, ctx.running)
     if verdict is not None:
         return verdict
-    if obs.backend == "kuberay" and job is None and running:
+    if obs.backend == "kuberay" and job is None and ctx.running:
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, "the RayJob was deleted")
     return None

@@ -12,8 +12,9 @@ One pass runs in a fixed order:
     delete RayJobs of other attempts
     switch on phase:
       Pending     -> suspended? Suspended : start attempt 1
-      Starting    -> classify; running? Running; RayJob missing? create again (409 = adopt)
-      Running     -> classify; ended? charge the budget -> Restarting(reason) | Failed | Succeeded
+      Starting    -> count lost worker pods; classify; running? Running; RayJob missing? create again (409 = adopt)
+      Running     -> count lost worker pods; classify; ended? charge the budget -> Restarting(reason) | Failed |
+                     Succeeded; a head on a NotReady node within its grace? look again when the grace ends
       Restarting  -> wait until the old attempt's pods are gone and the backoff passed -> start next
       Suspended   -> unsuspended and pods gone? start next attempt
     derive conditions; check the transition table; diff into a merge patch (never touching status.runtime)
@@ -21,6 +22,12 @@ One pass runs in a fixed order:
 Identities (the attempt number and RayJob name, the driver's ServiceAccount) are in the returned status
 before the matching Create actions: the caller writes the status first, then acts, so a crash between the
 two leaves a name that the next pass adopts instead of a duplicate.
+
+Lost worker pods are counted in `status.attempt.workersLost`, each once: the names already counted are kept in
+`status.attempt.lostWorkerPods` (the newest MAX_LOST_WORKER_PODS), and a pass counts and announces (WorkerLost)
+only a pod whose name is not there. The status is the memory, so an operator restart (the departures memory
+empty, the pod maybe still Terminating) counts nothing twice; the event goes out after the status write, at most
+once per pod (lost if the operator dies between the two: the count is what is kept).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import datetime
 from typing import Any
 
 from trainingrun_operator import conditions, model, naming, patching, phases, restarts, validation
-from trainingrun_operator.classification import FailureClass, Outcome, classify
+from trainingrun_operator.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
 from trainingrun_runtime import timestamps
@@ -38,6 +45,7 @@ from trainingrun_runtime import timestamps
 __all__ = [
     "MAX_ATTEMPT_HISTORY",
     "MAX_CHECKPOINT_HISTORY",
+    "MAX_LOST_WORKER_PODS",
     "Action",
     "CreateAttempt",
     "Decision",
@@ -50,6 +58,7 @@ __all__ = [
 
 MAX_CHECKPOINT_HISTORY = 20
 MAX_ATTEMPT_HISTORY = 100
+MAX_LOST_WORKER_PODS = 100  # the CRD's maxItems; above departures.MAX_PER_RUN, so a remembered pod keeps its name
 POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also wake the handler)
 
 
@@ -216,6 +225,37 @@ class _Pass:
             return None
         return report.restore_error
 
+    def last_report(self) -> datetime.datetime | None:
+        """When this attempt's driver last reported (status.runtime.updated), if it did."""
+        report, attempt = self.status.runtime, self.attempt
+        if report is None or attempt is None or report.attempt != attempt.number or not report.updated:
+            return None
+        try:
+            return timestamps.parse(report.updated)
+        except ValueError:
+            return None
+
+    # -- lost workers
+
+    def count_lost_workers(self) -> None:
+        """Count the attempt's newly lost worker pods (names not yet in lostWorkerPods) and announce each once."""
+        attempt = self.attempt
+        if attempt is None or attempt.end is not None:
+            return
+        counted = list(attempt.lost_worker_pods or [])
+        new = [w for w in lost_workers(self.observed) if w.name not in counted]
+        if not new:
+            return
+        before = attempt.workers_lost or 0
+        names = [*counted, *(w.name for w in new)][-MAX_LOST_WORKER_PODS:]
+        self.update(attempt=attempt.model_copy(update={"workers_lost": before + len(new), "lost_worker_pods": names}))
+        for n, worker in enumerate(new, start=before + 1):
+            self.emit(
+                "Warning",
+                "WorkerLost",
+                f"attempt {attempt.number}: worker pod {worker.name} lost ({worker.cause}); {n} lost in this attempt",
+            )
+
     # -- attempts
 
     def resume_point(self) -> tuple[bool, int | None]:
@@ -242,7 +282,9 @@ class _Pass:
         identity = naming.identity_name(self.inputs.run)
         first_identity = self.status.identity is None or self.status.identity.service_account_name is None
         self.update(
-            attempt=model.AttemptRecord(number=number, ray_job_name=name, start=self.now, resumed_from=resume),
+            attempt=model.AttemptRecord(
+                number=number, ray_job_name=name, start=self.now, resumed_from=resume, workers_lost=0
+            ),
             identity=model.Identity(service_account_name=identity, role_name=identity, role_binding_name=identity),
             next_attempt_time=None,
             start_time=self.status.start_time or self.now,
@@ -264,7 +306,8 @@ class _Pass:
         base = book.latest.step if book.latest else (attempt.resumed_from or 0)
         lost = max(0, max(progress) - base) if progress else None
         ended = attempt.model_copy(update={"end": self.now, "reason": reason, "message": detail, "steps_lost": lost})
-        self.update(attempt=ended, attempts=[*(self.status.attempts or []), ended][-MAX_ATTEMPT_HISTORY:])
+        entry = ended.model_copy(update={"lost_worker_pods": None})  # the count stays; the names only on the attempt
+        self.update(attempt=ended, attempts=[*(self.status.attempts or []), entry][-MAX_ATTEMPT_HISTORY:])
 
     def _reported_step(self) -> int | None:
         report, attempt = self.status.runtime, self.attempt
@@ -340,10 +383,26 @@ class _Pass:
         self.emit("Normal", "Suspended", "spec.suspend is true; no attempt runs, checkpoints are kept")
         self.move(Phase.SUSPENDED, "Suspended", "spec.suspend is true")
 
+    def context(self, running: bool) -> Context:
+        attempt = self.attempt
+        return Context(
+            now=self.inputs.now,
+            node_not_ready_seconds=self.spec.restart_policy.node_not_ready_seconds,
+            running=running,
+            restore_error=self.restore_error(),
+            last_report=self.last_report(),
+            workers_lost=tuple(attempt.lost_worker_pods or ()) if attempt else (),
+        )
+
     def on_active(self) -> None:
         running = self.phase is Phase.RUNNING
-        outcome = classify(self.observed, running=running, restore_error=self.restore_error())
+        self.count_lost_workers()
+        context = self.context(running)
+        outcome = classify(self.observed, context)
         if outcome is None:
+            left = grace_left(self.observed, context)
+            if left is not None:
+                self.wait(left)  # a head's NotReady node: look again when its grace ends, even without an event
             if not running and self._looks_running():
                 number = self.attempt.number if self.attempt else 0
                 self.emit("Normal", "AttemptRunning", f"attempt {number} is running")

@@ -4,8 +4,10 @@ An evicted or preempted pod may be gone before the next reconcile lists pods; th
 would remain, and the attempt would be charged as an infrastructure failure. The pod watch (handlers.py)
 records each disrupted pod here the moment it is seen; the reconciler passes the records of the current
 attempt's vanished pods to the decision as `AttemptObservation.departed`, so the attempt is classified by its
-real cause (Preempted). The memory is per process: after an operator restart it is empty (the attempt is
-then classified from what is still visible), and it is bounded per run.
+real cause (Preempted). Worker pods seen being deleted are remembered too: a worker deleted and gone between two
+passes is still counted as lost (`classification.lost_workers`). The memory is per process: after an operator
+restart it is empty (the attempt is then classified from what is still visible, and the workers already counted
+are in the status), and it is bounded per run.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ class Departures:
         self._seen: dict[tuple[str, str], dict[str, tuple[str, PodObservation]]] = {}
 
     def record(self, namespace: str, run: str, attempt: str, pod: PodObservation) -> None:
-        """Remember `pod` if it shows a disruption cause (other observations are ignored)."""
-        if not disrupted(pod):
+        """Remember `pod` if it shows a disruption cause, or is a worker being deleted (others are ignored)."""
+        if not (disrupted(pod) or (pod.deleting and not pod.is_head)):
             return
         pods = self._seen.setdefault((namespace, run), {})
         pods[pod.name] = (attempt, pod)
@@ -33,7 +35,7 @@ class Departures:
             pods.pop(next(iter(pods)))
 
     def of_attempt(self, namespace: str, run: str, attempt: int, present: set[str]) -> tuple[PodObservation, ...]:
-        """Disrupted pods of `attempt` that are no longer `present` (the caller counts a pod being deleted as
+        """Remembered pods of `attempt` that are no longer `present` (the caller counts a pod being deleted as
         no longer present)."""
         pods = self._seen.get((namespace, run), {})
         return tuple(p for a, p in pods.values() if a == str(attempt) and p.name not in present)

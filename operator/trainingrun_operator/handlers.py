@@ -9,7 +9,7 @@ our errors onto kopf's. Triggers:
     daemon  TrainingRun one supervisor coroutine per run: reconcile, then wait for a wake-up or the requeue
     event   TrainingRun wake the run (spec edits, the driver's status.runtime reports; not our own writes)
     event   RayJob      wake the run named by the RayJob's label (KubeRay status changes)
-    event   Pod         remember a disrupted pod (departures.py), wake the run named by the pod's label
+    event   Pod         remember a disrupted pod or a deleted worker (departures.py), wake the run named by its label
     event   Node        a node NotReady or deleted: wake every run (their pods may sit on it)
     delete  TrainingRun delete the run's RayJobs, keep the checkpoints, then kopf drops our finalizer
 

@@ -9,7 +9,8 @@ for the RayJob:
     read DIR/<run>/attempts/<N>/runtime.json  ──► status.runtime   (the driver's file reporter; fenced by attempt)
     observe the attempt's driver process      ──► AttemptObservation(backend="local")
     decision.decide(...)                      ──► write DIR/<run>/status.json (same shape as the CR status)
-    act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` (`driver_process`)
+    act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` (`driver_process`); one local
+                           Ray node, so generation runs beside the driver whatever spec.ray.workers says
          DeleteRayJob   -> kill every process of that attempt (its local Ray goes with it)
          EnsureIdentity -> nothing (no API server)
          Event          -> the console and DIR/<run>/events.jsonl
@@ -198,7 +199,7 @@ class LocalRun:
             run=self.name,
             attempt=action.number,
             root=str(self.root),
-            config=validation.runtime_config(self.run.spec).model_dump(mode="json", by_alias=True),
+            config=validation.runtime_config(self.run.spec, local=True).model_dump(mode="json", by_alias=True),
             resume="latest" if action.resume is None else str(action.resume),
             # No metadata.uid without an API server: the run's first start time names this run (a fresh
             # status.json is a new run, which takes the directory over from any driver of the old one).

@@ -93,7 +93,7 @@ class Toleration(_Wire):
 
 
 class RayGroup(_Wire):
-    """The head group: one pod."""
+    """The head group: one pod, which runs all of the run's state (driver, controller, trainer, TransferQueue)."""
 
     resources: Resources | None = None
     ray_start_params: dict[str, str] | None = None
@@ -102,7 +102,7 @@ class RayGroup(_Wire):
 
 
 class WorkerGroup(_Wire):
-    """A worker group: `replicas` identical pods."""
+    """A worker group: `replicas` identical pods that run generation workers only (losing one costs no restart)."""
 
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
     replicas: int = Field(default=1, ge=0)
@@ -170,11 +170,16 @@ class Backoff(_Wire):
 
 
 class RestartPolicy(_Wire):
-    """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3)."""
+    """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3), and the bounds on
+    a lost worker's replacement and on a head whose node stopped reporting."""
 
     preemption_budget: int | None = Field(default=None, ge=1)
     failure_budget: int = Field(default=3, ge=1)
     backoff: Backoff = Field(default_factory=Backoff)
+    worker_replacement_seconds: float = Field(default=300.0, ge=0)
+    """The driver's bound without any generation worker (runtime `generation.replacementSeconds`)."""
+    node_not_ready_seconds: float = Field(default=60.0, ge=0)
+    """How long a head on a NotReady node may stay before the attempt ends (`classification`)."""
 
 
 class TrainingRunSpec(_Wire):
@@ -236,7 +241,7 @@ class Identity(_Wire):
 
 
 class AttemptRecord(_Wire):
-    """One attempt: its RayJob, when it ran, where it resumed from, and why it ended."""
+    """One attempt: its RayJob, when it ran, where it resumed from, the worker pods it lost, and why it ended."""
 
     number: int = Field(ge=1)
     ray_job_name: str | None = None
@@ -246,6 +251,9 @@ class AttemptRecord(_Wire):
     reason: str | None = None
     message: str | None = None
     steps_lost: int | None = None
+    workers_lost: int | None = Field(default=None, ge=0)
+    lost_worker_pods: list[str] | None = Field(default=None, max_length=100)
+    """The pods counted in `workers_lost` (the newest 100), so none is counted twice; not kept in the history."""
 
 
 class RestartCounts(_Wire):

@@ -3,15 +3,18 @@ mode, from a driver process). Pure: the kopf handlers and the local backend buil
 and `decision.py` read them.
 
 Only the facts the decision needs are kept: KubeRay's view of the RayJob, and for every pod of the attempt
-its phase, disruption condition, node health, the Ray container's termination and waiting reasons.
+its phase, disruption condition, node health (and since when), the Ray container's termination and waiting reasons.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from trainingrun_runtime import timestamps
 
 __all__ = [
     "EVICTION_REASONS",
@@ -20,6 +23,8 @@ __all__ = [
     "RayJobObservation",
     "disrupted",
     "exit_code_from_message",
+    "node_ready",
+    "node_ready_changed",
     "pod_observation",
     "rayjob_observation",
 ]
@@ -57,6 +62,7 @@ class PodObservation:
     )
     node_name: str = ""
     node_ready: bool | None = None  # None: not scheduled or not known
+    node_ready_changed: datetime.datetime | None = None  # the node's Ready condition's lastTransitionTime
     node_gone: bool = False
     exit_code: int | None = None  # the Ray container's last termination
     termination_reason: str = ""  # OOMKilled, Error, ...
@@ -125,6 +131,17 @@ def node_ready(node: Mapping[str, Any] | None) -> bool | None:
     return None
 
 
+def node_ready_changed(node: Mapping[str, Any] | None) -> datetime.datetime | None:
+    """When a node's Ready condition last changed (its lastTransitionTime); None when absent or unreadable."""
+    for cond in ((node or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            try:
+                return timestamps.parse(str(cond.get("lastTransitionTime")))
+            except ValueError:
+                return None
+    return None
+
+
 def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]] | None) -> PodObservation:
     """Build a PodObservation from a raw pod and the nodes known by name (a missing node is `node_gone`).
 
@@ -157,6 +174,7 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
         node_name=node_name,
         node_ready=node_ready(node),
+        node_ready_changed=node_ready_changed(node),
         node_gone=bool(node_name) and nodes is not None and node is None,
         exit_code=exit_code,
         termination_reason=termination_reason,

@@ -9,8 +9,10 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
       spec.rayClusterSpec
-        headGroupSpec            one pod, the per-run ServiceAccount (the driver patches status.runtime)
-        workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted
+        headGroupSpec            one pod, the per-run ServiceAccount (the driver patches status.runtime); it runs
+                                 the driver and everything that holds run state (pinned there by the driver)
+        workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted; rayStartParams
+                                 resources += {"trainingrun_generation": 1000}: only generation workers ask for it
         every pod                the checkpoint PVC at /checkpoints, labels run + attempt
 
 tests/unit/operator/test_rayjob.py validates the output against KubeRay v1.5.0's real RayJob CRD schema.
@@ -24,14 +26,26 @@ import shlex
 from typing import Any
 
 from trainingrun_operator import model, naming, validation
+from trainingrun_runtime.config import GENERATION_RESOURCE
 
-__all__ = ["CHECKPOINT_MOUNT", "CONTAINER_HEAD", "CONTAINER_WORKER", "build_rayjob", "checkpoint_root", "entrypoint"]
+__all__ = [
+    "CHECKPOINT_MOUNT",
+    "CONTAINER_HEAD",
+    "CONTAINER_WORKER",
+    "GENERATION_SLOTS",
+    "build_rayjob",
+    "checkpoint_root",
+    "entrypoint",
+]
 
 CHECKPOINT_MOUNT = "/checkpoints"
 CHECKPOINT_VOLUME = "checkpoints"
 CONTAINER_HEAD = "ray-head"
 CONTAINER_WORKER = "ray-worker"
 RAYJOB_API_VERSION = "ray.io/v1"
+GENERATION_SLOTS = 1000
+"""Units of the generation resource every worker pod's Ray offers. A generation worker asks for one: the resource
+marks where generation may run, it does not limit how many workers a pod takes (its CPUs and memory do)."""
 
 
 def checkpoint_root(spec: model.TrainingRunSpec) -> str:
@@ -89,6 +103,15 @@ def _resources(resources: model.Resources | None) -> dict[str, Any]:
     return resources.wire() if resources is not None else {}
 
 
+def _worker_start_params(group: model.WorkerGroup) -> dict[str, str]:
+    """The group's `ray start` parameters with the generation resource merged into its `resources` JSON, written
+    as KubeRay writes that parameter itself (single-quoted JSON). The spec was checked (`validation.spec_problem`)."""
+    params = dict(group.ray_start_params or {})
+    offered = {**validation.offered_resources(params), GENERATION_RESOURCE: GENERATION_SLOTS}
+    params["resources"] = "'" + json.dumps(offered, sort_keys=True, separators=(",", ":")) + "'"
+    return params
+
+
 def _pod_template(
     spec: model.TrainingRunSpec,
     labels: dict[str, str],
@@ -141,7 +164,7 @@ def build_rayjob(
             "replicas": group.replicas,
             "minReplicas": group.replicas,
             "maxReplicas": group.replicas,
-            "rayStartParams": dict(group.ray_start_params or {}),
+            "rayStartParams": _worker_start_params(group),
             "template": _pod_template(spec, labels, CONTAINER_WORKER, group, None),
         }
         for group in spec.ray.workers or []

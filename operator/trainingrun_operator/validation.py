@@ -1,9 +1,19 @@
 """What is wrong with a TrainingRun, field by field. Pure.
 
-Called by the reconciler (an object that does not parse), the decision core (`spec_problem`: the check the API
-server cannot do at admission, `spec.trainer` against the runtime's own RuntimeConfig), the RayJob builder
-(`runtime_config`, the driver's `--config-json`) and `trainingrun run` (`run_problems`: every invalid field of a
-TrainingRun file at once, the model's and RuntimeConfig's).
+Called by the reconciler (an object that does not parse), the decision core (`spec_problem`: the checks the API
+server cannot do at admission), the RayJob builder (`runtime_config`, the driver's `--config-json`;
+`offered_resources`) and `trainingrun run` (`run_problems`: every invalid field of a TrainingRun file at once, the
+model's and RuntimeConfig's).
+
+What `spec_problem` checks beyond the CRD's schema:
+- `spec.trainer` against the runtime's own RuntimeConfig;
+- placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
+  KubeRay derives from the CPU limit, else from the request), and a worker group's `rayStartParams.resources`, which
+  the RayJob builder extends with the generation resource, must be a JSON object of numbers.
+These are not CEL rules: CEL cannot parse JSON, and repeating KubeRay's num-cpus derivation (quantities that are
+integers or strings, rounded up) in CEL would be a second copy of it that `trainingrun run` (no API server) would
+not run. Here the decision core fails the run (Failed/InvalidSpec, the field and the fix in the message) before
+any RayJob exists, and `trainingrun run` lists the same problems.
 
 A problem names its field by its full path (`spec.trainer.grpo.lr`). It carries two texts: pydantic's message,
 which the operator's Failed condition shows (`str(problem)`), and `explained`, what a person at a terminal
@@ -16,8 +26,11 @@ ray.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import json
+import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -27,9 +40,23 @@ import pydantic
 import pydantic_core
 
 from trainingrun_operator import model
-from trainingrun_runtime.config import RuntimeConfig
+from trainingrun_runtime.config import GENERATION_RESOURCE, RuntimeConfig
 
-__all__ = ["Problem", "problems", "run_problems", "runtime_config", "spec_problem"]
+__all__ = [
+    "HEAD_STATE_CPUS",
+    "Problem",
+    "offered_resources",
+    "on_worker_groups",
+    "problems",
+    "run_problems",
+    "runtime_config",
+    "spec_problem",
+]
+
+HEAD_STATE_CPUS = 3
+"""Logical CPUs the run state takes on the head: TransferQueue's controller and its two storage units, one each
+(`trainingrun_runtime.driver.trainers.STORAGE_UNITS`; the controller actor, the trainer and the generation workers
+ask for none)."""
 
 Loc = tuple[str | int, ...]
 _BOUNDS = {
@@ -64,8 +91,17 @@ def problems(
     return [Problem((*prefix, *detail["loc"]), detail["msg"], _explain(detail, root)) for detail in error.errors()]
 
 
-def runtime_config(spec: model.TrainingRunSpec) -> RuntimeConfig:
-    """The driver's `--config-json` value: spec.trainer verbatim plus the checkpoint settings."""
+def on_worker_groups(spec: model.TrainingRunSpec) -> bool:
+    """The Ray cluster has worker pods (a worker group with replicas > 0): generation runs only there."""
+    return any(group.replicas > 0 for group in spec.ray.workers or [])
+
+
+def runtime_config(spec: model.TrainingRunSpec, *, local: bool = False) -> RuntimeConfig:
+    """The driver's `--config-json` value: spec.trainer verbatim, the checkpoint settings, and where generation runs.
+
+    `local`: the run's Ray is one local node (the local backend), so generation runs beside the driver whatever
+    spec.ray.workers says (no node there offers the generation resource).
+    """
     return RuntimeConfig.model_validate(
         {
             "trainer": spec.trainer,
@@ -74,24 +110,127 @@ def runtime_config(spec: model.TrainingRunSpec) -> RuntimeConfig:
                 "keepLast": spec.checkpoint.retention.keep_last,
                 "keepEvery": spec.checkpoint.retention.keep_every,
             },
+            "generation": {
+                "onWorkerGroups": on_worker_groups(spec) and not local,
+                "replacementSeconds": spec.restart_policy.worker_replacement_seconds,
+            },
         }
     )
 
 
 def _in_spec(loc: Loc) -> Loc:
-    """A RuntimeConfig location as a spec path: the retention settings sit under `checkpoint.retention`."""
+    """A RuntimeConfig location as a spec path: the retention settings sit under `checkpoint.retention`, the
+    replacement bound is `restartPolicy.workerReplacementSeconds`."""
     if loc[:1] == ("checkpoint",) and loc[1:2] in (("keepLast",), ("keepEvery",)):
         return ("spec", "checkpoint", "retention", *loc[1:])
+    if loc[:2] == ("generation", "replacementSeconds"):
+        return ("spec", "restartPolicy", "workerReplacementSeconds")
     return ("spec", *loc)
 
 
 def _spec_problems(spec: model.TrainingRunSpec) -> list[Problem]:
-    """Every problem of spec.trainer (and the checkpoint settings) against the runtime's RuntimeConfig."""
+    """Every problem of spec.trainer (and the checkpoint settings) against the runtime's RuntimeConfig, then every
+    problem of the Ray cluster's placement."""
     try:
         runtime_config(spec)
     except pydantic.ValidationError as exc:
-        return [dataclasses.replace(p, loc=_in_spec(p.loc)) for p in problems(exc, root=RuntimeConfig)]
-    return []
+        found = [dataclasses.replace(p, loc=_in_spec(p.loc)) for p in problems(exc, root=RuntimeConfig)]
+    else:
+        found = []
+    return found + _placement_problems(spec)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+_QUANTITY = re.compile(r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?P<suffix>[a-zA-Z]*|[eE][+-]?[0-9]+)$")
+_SUFFIXES = {
+    **{s: decimal.Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3), ("M", 6))},
+    **{s: decimal.Decimal(10) ** e for s, e in (("G", 9), ("T", 12), ("P", 15), ("E", 18))},
+    **{s: decimal.Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def _cpus(quantity: model.Quantity) -> int:
+    """A CPU quantity as KubeRay turns it into num-cpus (`Quantity.Value()`: rounded up); ValueError if invalid."""
+    found = _QUANTITY.match(str(quantity).strip())
+    if found is None:
+        raise ValueError(quantity)
+    suffix = found["suffix"]
+    scale = decimal.Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else _SUFFIXES.get(suffix)
+    if scale is None:
+        raise ValueError(quantity)
+    return math.ceil(decimal.Decimal(found["number"]) * scale)
+
+
+def _head_problem(head: model.RayGroup) -> Problem | None:
+    """Whether the head's Ray can host the run state, with its logical CPUs counted as KubeRay 1.5 starts it
+    (`generateRayStartCommand`): `rayStartParams.num-cpus`, else the CPU limit, else the CPU request (rounded up,
+    as `Quantity.Value()`). None set: Ray counts the container's cores, which nothing here can know."""
+    params = head.ray_start_params or {}
+    loc: Loc = ("spec", "ray", "head", "rayStartParams", "num-cpus")
+    if "num-cpus" in params:
+        try:
+            cpus = int(params["num-cpus"].strip())
+        except ValueError:
+            why = f"must be a whole number of logical CPUs (got {_shown(params['num-cpus'])})"
+            return Problem(loc, why, why)
+    else:
+        resources = head.resources or model.Resources()
+        for kind, amounts in (("limits", resources.limits), ("requests", resources.requests)):
+            if not amounts or "cpu" not in amounts:
+                continue
+            loc = ("spec", "ray", "head", "resources", kind, "cpu")
+            try:
+                cpus = _cpus(amounts["cpu"])
+            except ValueError:
+                why = f"must be a Kubernetes quantity (got {_shown(amounts['cpu'])})"
+                return Problem(loc, why, why)
+            if cpus > 0:
+                break
+        else:
+            return None
+    if cpus >= HEAD_STATE_CPUS:
+        return None
+    why = (
+        f"the head's Ray gets {cpus} logical CPU{'' if cpus == 1 else 's'} from this, but the run state it hosts "
+        f"(TransferQueue's controller and storage units) needs {HEAD_STATE_CPUS}: set "
+        f'spec.ray.head.rayStartParams.num-cpus to "{HEAD_STATE_CPUS}" or more (logical slots, not cores)'
+    )
+    return Problem(loc, why, why)
+
+
+def offered_resources(params: Mapping[str, str] | None) -> dict[str, float]:
+    """The custom resources a `rayStartParams` offers: its `resources` value as KubeRay reads it (surrounding
+    quotes and spaces trimmed, a JSON object of numbers); ValueError if it is not one."""
+    text = (params or {}).get("resources")
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text.strip("'\"` "))
+    except json.JSONDecodeError:
+        raise ValueError(text) from None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()
+    ):
+        raise ValueError(text)
+    return value
+
+
+def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
+    """The head must hold the run state; a worker group's `resources` must be one the builder can extend."""
+    head = _head_problem(spec.ray.head)
+    found = [head] if head is not None else []
+    for index, group in enumerate(spec.ray.workers or []):
+        try:
+            offered_resources(group.ray_start_params)
+        except ValueError:
+            given = (group.ray_start_params or {})["resources"]
+            why = (
+                f"must be a JSON object of numbers, as KubeRay reads it (worker group {group.name}; the operator "
+                f"adds {GENERATION_RESOURCE} to it), e.g. '{{\"my_resource\": 1}}' (got {_shown(given)})"
+            )
+            found.append(Problem(("spec", "ray", "workers", index, "rayStartParams", "resources"), why, why))
+    return found
 
 
 def spec_problem(spec: model.TrainingRunSpec) -> str | None:

@@ -1,9 +1,12 @@
-"""Disruptions other than an eviction, against a real API server with the operator in-process and KubeRay played
-by the double of test_operator_double.py (see there for what it does and why it stands in for KubeRay here):
+"""Disruptions other than the head's eviction, against a real API server with the operator in-process and KubeRay
+played by the double of test_operator_double.py (see there for what it does and why it stands in for KubeRay here):
 
 - the node under the head stops heartbeating (its own kwok process, playing its kubelet, is stopped): the real
-  node lifecycle controller turns it NotReady, the operator ends the attempt as Preempted, and attempt 2 starts
-  only once the real pod garbage collector has removed the old pods (after the node is marked out of service);
+  node lifecycle controller turns it NotReady; with the driver silent, the operator ends the attempt as Preempted
+  at once, and attempt 2 starts only once the real pod garbage collector has removed the old pods (after the node
+  is marked out of service); with the driver reporting, the attempt goes on until nodeNotReadySeconds have passed;
+- a worker pod evicted through the Eviction API: the attempt goes on, one WorkerLost event, workersLost 1;
+- the driver exits 4 (no generation worker came back in time): Preempted, attempt 2 resumes;
 - a queue (Kueue) suspends the attempt's RayJob: Preempted, and attempt 2 resumes from the recorded step;
 - the user suspends the TrainingRun: Suspended, no budget charged, checkpoints kept; unsuspended, the run
   resumes from the recorded step and can succeed.
@@ -13,6 +16,8 @@ Everything asserted is read back through the API server: status, conditions, eve
 
 from __future__ import annotations
 
+import datetime
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +34,7 @@ from support.operator_double import (
     phase_is,
     tiny_run,
 )
+from trainingrun_runtime import timestamps
 
 pytestmark = pytest.mark.cluster
 
@@ -55,9 +61,10 @@ def stays_absent(cluster: Cluster, rayjob: str, seconds: float) -> bool:
     return True
 
 
-def running_with_checkpoint(cluster: Cluster, kuberay: KubeRayDouble, step: int) -> None:
-    """Attempt 1 of `tiny` running, with a checkpoint at `step` recorded from its report."""
-    cluster.apply_run(tiny_run())
+def running_with_checkpoint(cluster: Cluster, kuberay: KubeRayDouble, step: int, **spec: Any) -> None:
+    """Attempt 1 of `tiny` (spec fields replaced by `spec`) running, with a checkpoint at `step` recorded from its
+    report (dated 2025: as far as the operator can tell, the driver has been silent since)."""
+    cluster.apply_run(tiny_run(**spec))
     kuberay.start("tiny-a1")
     eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 1 Running")
     cluster.report("tiny", attempt=1, step=step)
@@ -217,3 +224,146 @@ def test_a_suspended_run_keeps_its_checkpoints_and_budgets_and_resumes_from_the_
     assert condition(status, "Succeeded")["status"] == "True"
     assert status["restarts"]["total"] == 0
     assert [a["reason"] for a in status["attempts"]] == ["Suspended", "Succeeded"]
+
+
+def attempt_ended(cluster: Cluster, run: str) -> dict[str, Any] | None:
+    attempts = cluster.status(run).get("attempts")
+    return attempts[0] if attempts and attempts[0].get("end") else None
+
+
+def not_ready(control_plane: Any, node: str) -> dict[str, Any] | None:
+    """The node's Ready condition, if it is not True."""
+    conditions = control_plane.get(f"/api/v1/nodes/{node}")["status"]["conditions"]
+    ready = next((c for c in conditions if c["type"] == "Ready"), None)
+    return ready if ready is not None and ready["status"] != "True" else None
+
+
+class Reporter:
+    """Plays the driver's progress reports: a new checkpoint every `period` seconds, `updated` now, until stopped."""
+
+    def __init__(self, cluster: Cluster, run: str, attempt: int, first_step: int, period: float = 1.0) -> None:
+        self.cluster, self.run, self.attempt, self.period = cluster, run, attempt, period
+        self.step = first_step
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="reporter", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.step += 1
+            self.cluster.report(self.run, attempt=self.attempt, step=self.step, updated=timestamps.now())
+            self.stop.wait(self.period)
+
+    def __enter__(self) -> Reporter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_a_head_whose_node_stops_reporting_keeps_its_attempt_while_the_driver_reports_until_the_grace_ends(
+    control_plane: Any,
+    cluster: Cluster,
+    kuberay: KubeRayDouble,
+    operator: InProcessOperator,
+    doomed_node: tuple[str, Any],
+) -> None:
+    node, kubelet = doomed_node
+    kuberay.node = node
+    grace = 20
+    policy = {"failureBudget": 3, "backoff": {"initialSeconds": 0.2, "maxSeconds": 1}, "nodeNotReadySeconds": grace}
+    running_with_checkpoint(cluster, kuberay, step=10, restartPolicy=policy)
+
+    with Reporter(cluster, "tiny", attempt=1, first_step=10) as reporter:
+        kubelet.stop()  # the node lifecycle controller marks it Unknown about 30 s after its last lease renewal
+        ready = eventually(lambda: not_ready(control_plane, node), timeout=90, what=f"node {node} not Ready")
+        since = timestamps.parse(ready["lastTransitionTime"])
+
+        # Within the grace: a report made after the node turned NotReady is recorded by a pass (which read the node
+        # anew) that keeps the attempt.
+        step = reporter.step + 1  # reported after the node was seen NotReady
+        eventually(lambda: checkpoint_recorded_at_least(cluster, "tiny", step), what=f"a report past step {step}")
+        status = cluster.status("tiny")
+        assert datetime.datetime.now(datetime.UTC) < since + datetime.timedelta(seconds=grace), "too slow to tell"
+        assert status["phase"] == "Running" and status["attempt"]["number"] == 1, status
+        assert "end" not in status["attempt"] and not status.get("attempts"), status
+
+        # Beyond the grace the attempt ends, although the driver still reports.
+        ended = eventually(lambda: attempt_ended(cluster, "tiny"), timeout=60, what="attempt 1 ended after the grace")
+    assert ended["reason"] == "Preempted", ended
+    assert f"node {node}" in ended["message"] and f"nodeNotReadySeconds: {grace}" in ended["message"], ended
+    assert timestamps.parse(ended["end"]) >= since + datetime.timedelta(seconds=grace - 1), (ended, since)
+    status = cluster.status("tiny")
+    assert status["restarts"]["preempted"] == 1 and status["restarts"]["infrastructureFailure"] == 0
+    recorded = status["checkpoints"]["latest"]["step"]
+
+    # The next attempt, once the node is declared shut down and its pods are gone, resumes from the recorded step.
+    control_plane.kubectl("taint", "node", node, f"{OUT_OF_SERVICE['key']}={OUT_OF_SERVICE['value']}:NoExecute")
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), timeout=90, what="RayJob tiny-a2 once the old pods are gone")
+    assert args_of(job2)["--resume"] == str(recorded)
+    assert cluster.status("tiny")["attempt"]["resumedFrom"] == recorded
+
+
+def checkpoint_recorded_at_least(cluster: Cluster, run: str, step: int) -> dict[str, Any] | None:
+    latest = (cluster.status(run).get("checkpoints") or {}).get("latest")
+    return latest if latest and latest["step"] >= step else None
+
+
+def test_a_worker_pod_evicted_mid_attempt_is_counted_once_and_the_attempt_goes_on(
+    control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    ray = tiny_run()["spec"]["ray"]
+    ray["workers"] = [{"name": "gen", "replicas": 2}]
+    running_with_checkpoint(cluster, kuberay, step=10, ray=ray)
+    lost = kuberay.worker("tiny-a1", "gen", 0)
+    assert {p.metadata.name for p in cluster.pods("trainingrun.dev/attempt=1")} == {
+        kuberay.head("tiny-a1"),
+        lost,
+        kuberay.worker("tiny-a1", "gen", 1),
+    }
+
+    kuberay.evict(lost)
+    status = eventually(
+        lambda: (lambda s: s if (s.get("attempt") or {}).get("workersLost") == 1 else None)(cluster.status("tiny")),
+        what="workersLost: 1",
+    )
+    assert status["attempt"]["lostWorkerPods"] == [lost]
+    (message,) = eventually(
+        lambda: [m for r, m in cluster.event_messages("tiny") if r == "WorkerLost"] or None, what="a WorkerLost event"
+    )
+    assert f"worker pod {lost} lost (DisruptionTarget: EvictionByEvictionAPI)" in message, message
+
+    # Once the pod is gone, a later pass (it records a new checkpoint) still keeps attempt 1 and counts nothing twice.
+    eventually(
+        lambda: lost not in {p.metadata.name for p in cluster.pods("trainingrun.dev/attempt=1")}, what="pod gone"
+    )
+    cluster.report("tiny", attempt=1, step=20)
+    eventually(lambda: checkpoint_recorded(cluster, "tiny", 20), what="checkpoint step 20 recorded")
+    status = cluster.status("tiny")
+    assert status["phase"] == "Running" and status["attempt"]["number"] == 1 and "end" not in status["attempt"]
+    assert status["attempt"]["workersLost"] == 1 and status["restarts"]["total"] == 0
+    assert not status.get("attempts"), status["attempts"]
+    job = cluster.rayjob("tiny-a1")
+    assert job is not None and not job["metadata"].get("deletionTimestamp"), "the attempt's RayJob stays"
+    assert cluster.rayjob("tiny-a2") is None
+    assert cluster.events("tiny").count("WorkerLost") == 1
+
+    wide = control_plane.kubectl("get", "trun", "tiny", "-n", cluster.namespace, "-o", "wide").stdout.splitlines()
+    header, row = wide[0].split(), wide[1].split()
+    assert row[header.index("WORKERS-LOST")] == "1", wide
+
+
+def test_a_driver_that_found_no_generation_worker_in_time_is_preempted_and_attempt_two_resumes(
+    cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    running_with_checkpoint(cluster, kuberay, step=10)
+    kuberay.fail("tiny-a1", exit_code=4, log="GenerationLost: no generation worker for 300 s")
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after exit code 4")
+    assert args_of(job2)["--resume"] == "10"
+    status = cluster.status("tiny")
+    first = status["attempts"][0]
+    assert first["reason"] == "Preempted" and "workerReplacementSeconds" in first["message"], first
+    assert status["restarts"]["preempted"] == 1 and status["restarts"]["applicationFailure"] == 0
+    assert status.get("consecutiveFailures", 0) == 0
+    assert {"Preempted", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))

@@ -49,7 +49,12 @@ def test_an_applied_run_gets_a_rayjob_with_owner_labels_and_driver_entrypoint(
     status = cluster.status("tiny")
     assert status["phase"] == "Starting"
     assert status["identity"]["serviceAccountName"] == "tiny-driver"
-    assert status["attempt"] == {"number": 1, "rayJobName": "tiny-a1", "start": status["attempt"]["start"]}
+    assert status["attempt"] == {
+        "number": 1,
+        "rayJobName": "tiny-a1",
+        "start": status["attempt"]["start"],
+        "workersLost": 0,
+    }
 
 
 def test_preemption_leads_to_attempt_two_resuming_from_the_recorded_step_with_the_failure_budget_untouched(

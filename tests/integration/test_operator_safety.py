@@ -72,6 +72,14 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
             "spec.restartPolicy.backoff",
         ),
         (lambda s: s["checkpoint"].__setitem__("path", "../../etc"), "spec.checkpoint.path"),
+        (
+            lambda s: s.__setitem__("restartPolicy", {"workerReplacementSeconds": -1}),
+            "spec.restartPolicy.workerReplacementSeconds",
+        ),
+        (
+            lambda s: s.__setitem__("restartPolicy", {"nodeNotReadySeconds": -5}),
+            "spec.restartPolicy.nodeNotReadySeconds",
+        ),
     ],
     ids=[
         "zero save period",
@@ -81,6 +89,8 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
         "zero budget",
         "cap below initial",
         "path escapes",
+        "negative worker replacement bound",
+        "negative NotReady grace",
     ],
 )
 def test_a_malformed_run_is_rejected_at_admission_naming_the_field(

@@ -5,8 +5,9 @@ and a test double that plays KubeRay.
 Ray cluster in containers. It does only what KubeRay 1.5 does to the objects the operator watches: it creates
 the attempt's head (and worker) pods from the RayJob's templates, with KubeRay's labels, owned by the RayJob,
 on a kwok node; it sets the RayJob's status (Initializing, Running, Complete/Failed with KubeRay's reasons and
-Ray's job message); and when told, it evicts or preempts the head, or marks the driver failed. Like KubeRay
-1.5, it leaves the RayJob `Running` when the head pod is evicted. Everything else is real: the API server,
+Ray's job message); and when told, it evicts a pod or preempts the head, or marks the driver failed. Like KubeRay
+1.5, it leaves the RayJob `Running` when the head pod is evicted. Unlike KubeRay, it does not recreate a lost
+worker pod (nothing here needs the replacement). Everything else is real: the API server,
 admission (our CRD's schema and CEL), RBAC, the garbage collector that removes the pods of a deleted RayJob,
 kwok playing the kubelet, and the operator's own code.
 
@@ -100,8 +101,12 @@ class Cluster:
         return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
 
     def events(self, run: str) -> list[str]:
+        return [reason for reason, _ in self.event_messages(run)]
+
+    def event_messages(self, run: str) -> list[tuple[str, str]]:
+        """(reason, message) of every event on TrainingRun `run`, oldest first."""
         found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={run}").items
-        return [e.reason for e in sorted(found, key=lambda e: e.metadata.creation_timestamp)]
+        return [(e.reason, e.message) for e in sorted(found, key=lambda e: e.metadata.creation_timestamp)]
 
     def report(self, run: str, attempt: int, step: int, kubeconfig: pathlib.Path | None = None, **extra: Any) -> None:
         """What the driver's kubernetes reporter sends after a checkpoint's rename (merge patch on status)."""
@@ -172,7 +177,7 @@ class KubeRayDouble:
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{cluster_name}-{node_type}-{index}",
+                "name": self.head(name) if node_type == "head" else self.worker(name, group, index),
                 "labels": labels,
                 "ownerReferences": [
                     {
@@ -210,6 +215,10 @@ class KubeRayDouble:
     def head(self, name: str) -> str:
         return f"{name}-raycluster-head-0"
 
+    def worker(self, name: str, group: str, index: int) -> str:
+        """Worker `index` of `group` (KubeRay names it `<cluster>-<group>-worker-<random>`; here the index)."""
+        return f"{name}-raycluster-{group}-worker-{index}"
+
     def succeed(self, name: str) -> None:
         """The driver exited 0: Complete/SUCCEEDED (shutdownAfterJobFinishes: the cluster goes away)."""
         self._patch_status(
@@ -230,12 +239,16 @@ class KubeRayDouble:
 
     def evict_head(self, name: str) -> None:
         """Eviction API on the head (the API server adds DisruptionTarget, then deletes). RayJob stays Running."""
+        self.evict(self.head(name))
+
+    def evict(self, pod: str) -> None:
+        """Eviction API on `pod` (the API server adds DisruptionTarget, then deletes it)."""
         body = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
-            "metadata": {"name": self.head(name), "namespace": self.cluster.namespace},
+            "metadata": {"name": pod, "namespace": self.cluster.namespace},
         }
-        self.cluster.core.create_namespaced_pod_eviction(self.head(name), self.cluster.namespace, body)
+        self.cluster.core.create_namespaced_pod_eviction(pod, self.cluster.namespace, body)
 
     def preempt_head(self, name: str) -> None:
         """What the scheduler does to a preemption victim: DisruptionTarget(PreemptionByScheduler), then delete."""

@@ -1,14 +1,31 @@
-"""Failure classification: every observed way an attempt ends maps to the right class (table-driven)."""
+"""Failure classification: every observed way an attempt ends maps to the right class, lost worker pods are
+found and never end the attempt, and a head on a NotReady node ends it only after its grace (table-driven, with
+an injected clock)."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+from typing import Any
 
 import pytest
 
 from trainingrun_operator import observation
-from trainingrun_operator.classification import FailureClass, classify
+from trainingrun_operator.classification import Context, FailureClass, LostWorker, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+
+T0 = datetime.datetime(2025, 1, 1, 12, tzinfo=datetime.UTC)
+GRACE = 60.0
+
+
+def ctx(**kw: Any) -> Context:
+    """The context of a running attempt at T0 with the default grace, fields replaced by `kw`."""
+    return Context(**{"now": T0, "node_not_ready_seconds": GRACE, "running": True, **kw})
+
+
+def ago(seconds: float) -> datetime.datetime:
+    return T0 - datetime.timedelta(seconds=seconds)
+
 
 HEAD = PodObservation(name="h", node_type="head", phase="Running", node_name="n1", node_ready=True)
 WORKER = PodObservation(name="w", node_type="worker", phase="Running", node_name="n2", node_ready=True)
@@ -34,47 +51,61 @@ PRE, APP, INFRA, RESTORE = (
     FailureClass.FAILED_RESTORE,
 )
 
-TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool]] = [
-    # (case, observation, restore_error, expected class, permanent)
+TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] = [
+    # (case, observation, context, expected class, permanent)
     (
         "head has DisruptionTarget",
         obs(pods=(dataclasses.replace(HEAD, disruption="PreemptionByScheduler"),)),
-        None,
-        PRE,
-        False,
-    ),
-    (
-        "worker has DisruptionTarget",
-        obs(pods=(HEAD, PodObservation(name="w", node_type="worker", disruption="EvictionByEvictionAPI"))),
-        None,
+        ctx(),
         PRE,
         False,
     ),
     (
         "head evicted (pod reason)",
         obs(pods=(PodObservation(name="h", node_type="head", phase="Failed", reason="Evicted", exit_code=137),)),
-        None,
+        ctx(),
         PRE,
         False,
     ),
     (
-        "head on a NotReady node",
-        obs(pods=(PodObservation(name="h", node_type="head", phase="Running", node_name="n1", node_ready=False),)),
-        None,
+        "head on a node NotReady beyond the grace",
+        obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(GRACE)),)),
+        ctx(last_report=T0),
+        PRE,
+        False,
+    ),
+    (
+        "head on a NotReady node, being deleted",
+        obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(1), deleting=True),)),
+        ctx(last_report=T0),
+        PRE,
+        False,
+    ),
+    (
+        "head on a NotReady node, the driver silent beyond the grace",
+        obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(1)),)),
+        ctx(last_report=ago(GRACE + 1)),
+        PRE,
+        False,
+    ),
+    (
+        "head on a NotReady node that does not say since when",
+        obs(pods=(dataclasses.replace(HEAD, node_ready=False),)),
+        ctx(last_report=T0),
         PRE,
         False,
     ),
     (
         "head's node is gone",
         obs(pods=(PodObservation(name="h", node_type="head", phase="Running", node_name="n1", node_gone=True),)),
-        None,
+        ctx(),
         PRE,
         False,
     ),
     (
         "RayJob suspended by a queue",
         obs(job=RayJobObservation(name="r-a1", deployment_status="Suspending", suspend=True)),
-        None,
+        ctx(),
         PRE,
         False,
     ),
@@ -84,32 +115,74 @@ TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool
             job=failed_job("exit code 1"),
             pods=(PodObservation(name="h", node_type="head", disruption="DeletionByTaintManager"),),
         ),
-        None,
+        ctx(),
         PRE,
         False,
     ),
     (
         "driver exited 1",
         obs(job=failed_job("Job entrypoint command failed with exit code 1, last available logs")),
-        None,
+        ctx(),
         APP,
         False,
     ),
-    ("job FAILED without an exit code", obs(job=failed_job("the job failed")), None, APP, False),
-    ("driver exited 2 (bad config)", obs(job=failed_job("failed with exit code 2")), None, APP, True),
+    ("job FAILED without an exit code", obs(job=failed_job("the job failed")), ctx(), APP, False),
     (
-        "driver exited 3 (restore)",
+        "driver exited 4 (no generation worker came back)",
+        obs(job=failed_job("failed with exit code 4, last available logs: GenerationLost: none for 300 s")),
+        ctx(),
+        PRE,
+        False,
+    ),
+    ("GenerationLost without an exit code", obs(job=failed_job("GenerationLost: none for 300 s")), ctx(), PRE, False),
+    (
+        "driver exited 1 after a worker loss",
+        obs(job=failed_job("Job entrypoint command failed with exit code 1")),
+        ctx(workers_lost=("w-0",)),
+        PRE,
+        False,
+    ),
+    (
+        "job FAILED without an exit code after a worker loss",
+        obs(job=failed_job("the job failed")),
+        ctx(workers_lost=("w-0", "w-1")),
+        PRE,
+        False,
+    ),
+    (
+        "driver exited 2 after a worker loss (still bad config)",
+        obs(job=failed_job("failed with exit code 2")),
+        ctx(workers_lost=("w-0",)),
+        APP,
+        True,
+    ),
+    (
+        "driver exited 3 after a worker loss (still a bad checkpoint)",
         obs(job=failed_job("failed with exit code 3, logs: RestoreFailed: digest mismatch")),
-        None,
+        ctx(workers_lost=("w-0",)),
         RESTORE,
         False,
     ),
-    ("driver reported restoreError", obs(), "manifest checksum mismatch in policy/weights.pt", RESTORE, False),
-    ("submission failed", obs(job=failed_job("dashboard unreachable", reason="SubmissionFailed")), None, INFRA, False),
+    ("driver exited 2 (bad config)", obs(job=failed_job("failed with exit code 2")), ctx(), APP, True),
+    (
+        "driver exited 3 (restore)",
+        obs(job=failed_job("failed with exit code 3, logs: RestoreFailed: digest mismatch")),
+        ctx(),
+        RESTORE,
+        False,
+    ),
+    (
+        "driver reported restoreError",
+        obs(),
+        ctx(restore_error="manifest checksum mismatch in policy/weights.pt"),
+        RESTORE,
+        False,
+    ),
+    ("submission failed", obs(job=failed_job("dashboard unreachable", reason="SubmissionFailed")), ctx(), INFRA, False),
     (
         "RayJob failed validation",
         obs(job=RayJobObservation(name="r-a1", deployment_status="ValidationFailed", reason="ValidationFailed")),
-        None,
+        ctx(),
         INFRA,
         True,
     ),
@@ -123,7 +196,7 @@ TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool
                 reason="JobDeploymentStatusTransitionGracePeriodExceeded",
             )
         ),
-        None,
+        ctx(),
         INFRA,
         False,
     ),
@@ -133,15 +206,15 @@ TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool
             job=RayJobObservation(name="r-a1", deployment_status="Initializing"),
             pods=(PodObservation(name="h", node_type="head", waiting_reason="ImagePullBackOff"),),
         ),
-        None,
+        ctx(),
         INFRA,
         False,
     ),
-    ("head gone while RayJob Running", obs(pods=(WORKER,)), None, INFRA, False),
+    ("head gone while RayJob Running", obs(pods=(WORKER,)), ctx(), INFRA, False),
     (
         "head being deleted",
         obs(pods=(PodObservation(name="h", node_type="head", phase="Running", deleting=True),)),
-        None,
+        ctx(),
         INFRA,
         False,
     ),
@@ -154,17 +227,31 @@ TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool
                 ),
             )
         ),
-        None,
+        ctx(),
         INFRA,
         False,
     ),
-    ("RayJob deleted while running", obs(job=None, pods=(HEAD,)), None, INFRA, False),
-    ("local driver exited 1", AttemptObservation(number=1, backend="local", exit_code=1), None, APP, False),
+    ("RayJob deleted while running", obs(job=None, pods=(HEAD,)), ctx(), INFRA, False),
+    ("local driver exited 1", AttemptObservation(number=1, backend="local", exit_code=1), ctx(), APP, False),
     (
         "local driver exited 3",
         AttemptObservation(number=1, backend="local", exit_code=3, stderr_tail="RestoreFailed: x"),
-        None,
+        ctx(),
         RESTORE,
+        False,
+    ),
+    (
+        "local driver exited 4",
+        AttemptObservation(number=1, backend="local", exit_code=4, stderr_tail="GenerationLost: none for 300 s"),
+        ctx(),
+        PRE,
+        False,
+    ),
+    (
+        "local driver exited 1 after a worker loss",
+        AttemptObservation(number=1, backend="local", exit_code=1),
+        ctx(workers_lost=("w-0",)),
+        PRE,
         False,
     ),
     (
@@ -175,20 +262,18 @@ TABLE: list[tuple[str, AttemptObservation, str | None, FailureClass | None, bool
             exit_code=-9,
             pods=(PodObservation(name="pid-1", node_type="head", phase="Failed", disruption="ChaosKill"),),
         ),
-        None,
+        ctx(),
         PRE,
         False,
     ),
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "observed", "restore_error", "expected", "permanent"), TABLE, ids=[t[0] for t in TABLE]
-)
+@pytest.mark.parametrize(("case", "observed", "context", "expected", "permanent"), TABLE, ids=[t[0] for t in TABLE])
 def test_observation_maps_to_its_failure_class(
-    case: str, observed: AttemptObservation, restore_error: str | None, expected: FailureClass, permanent: bool
+    case: str, observed: AttemptObservation, context: Context, expected: FailureClass, permanent: bool
 ) -> None:
-    outcome = classify(observed, running=True, restore_error=restore_error)
+    outcome = classify(observed, context)
     assert outcome is not None, case
     assert outcome.failure is expected
     assert outcome.permanent is permanent
@@ -204,7 +289,7 @@ def test_observation_maps_to_its_failure_class(
     ids=["KubeRay SUCCEEDED", "local exit 0"],
 )
 def test_a_finished_driver_is_success(observed: AttemptObservation) -> None:
-    outcome = classify(observed, running=True, restore_error=None)
+    outcome = classify(observed, ctx(workers_lost=("w-0",)))
     assert outcome is not None and outcome.succeeded
 
 
@@ -220,7 +305,138 @@ def test_a_finished_driver_is_success(observed: AttemptObservation) -> None:
     ids=["running", "initializing", "not created yet", "queued by Kueue before running", "local process alive"],
 )
 def test_an_attempt_still_going_has_no_outcome(observed: AttemptObservation, running: bool) -> None:
-    assert classify(observed, running=running, restore_error=None) is None
+    assert classify(observed, ctx(running=running)) is None
+
+
+def test_the_details_name_the_cause_the_lost_worker_and_the_bound() -> None:
+    def detail(observed: AttemptObservation, context: Context) -> str:
+        outcome = classify(observed, context)
+        assert outcome is not None
+        return outcome.detail
+
+    after_loss = detail(obs(job=failed_job("failed with exit code 1")), ctx(workers_lost=("w-0", "w-1")))
+    assert (
+        after_loss
+        == "the driver exited with code 1, after worker pod w-1 was lost (2 worker pods lost in this attempt)"
+    )
+    assert "workerReplacementSeconds" in detail(obs(job=failed_job("failed with exit code 4")), ctx())
+    late = obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(75)),))
+    assert detail(late, ctx(last_report=T0)) == (
+        "node n1 of the head pod h is not Ready (its Ready condition is False or Unknown) for 75s "
+        "(spec.restartPolicy.nodeNotReadySeconds: 60)"
+    )
+
+
+# --------------------------------------------------------------------------------- a head's NotReady node
+
+NOT_READY_TABLE: list[tuple[str, float, float | None, bool, float | None]] = [
+    # (case, seconds the node has not been Ready, seconds since the driver's last report (None: none yet),
+    #  the attempt ends, seconds until it would end)
+    ("just turned NotReady, the driver reporting", 1, 0.5, False, 59),
+    ("NotReady a while, the driver reporting", 45, 0.5, False, 15),
+    ("NotReady, no report yet in this attempt", 45, None, False, 15),
+    ("NotReady, the driver quiet for a while", 10, 40, False, 20),
+    ("NotReady for exactly the grace", 60, 0.5, True, None),
+    ("NotReady beyond the grace although the driver reports", 61, 0.5, True, None),
+    ("the driver quiet beyond the grace", 10, 61, True, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "down", "quiet", "ends", "left"), NOT_READY_TABLE, ids=[t[0] for t in NOT_READY_TABLE]
+)
+def test_a_head_on_a_not_ready_node_ends_the_attempt_only_after_its_grace(
+    case: str, down: float, quiet: float | None, ends: bool, left: float | None
+) -> None:
+    observed = obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(down)), WORKER))
+    context = ctx(last_report=ago(quiet) if quiet is not None else None)
+    outcome = classify(observed, context)
+    assert (outcome is not None) is ends, case
+    if ends:
+        assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
+        assert "node n1 of the head pod h is not Ready" in outcome.detail
+    assert grace_left(observed, context) == (pytest.approx(left) if left is not None else None)
+
+
+def test_the_grace_is_the_runs_own_setting() -> None:
+    observed = obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(10)),))
+    assert classify(observed, ctx(last_report=T0, node_not_ready_seconds=5)) is not None
+    assert classify(observed, ctx(last_report=T0, node_not_ready_seconds=0)) is not None
+    assert classify(observed, ctx(last_report=T0, node_not_ready_seconds=300)) is None
+
+
+def test_a_driver_verdict_beats_a_not_ready_head_node() -> None:
+    head = dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(1), deleting=True)
+    done = RayJobObservation(name="r-a1", job_status="SUCCEEDED", deployment_status="Complete")
+    outcome = classify(obs(job=done, pods=(head,)), ctx(last_report=T0))
+    assert outcome is not None and outcome.succeeded, "KubeRay's teardown after success deletes the head"
+    assert grace_left(obs(job=done, pods=(head,)), ctx()) is None
+
+
+def test_a_ready_head_has_no_grace_to_wait_for() -> None:
+    assert grace_left(obs(), ctx()) is None
+    assert grace_left(obs(pods=(WORKER,)), ctx()) is None
+
+
+# --------------------------------------------------------------------------------------- lost workers
+
+LOST_TABLE: list[tuple[str, PodObservation, str]] = [
+    # (case, the worker pod as observed, its cause; "" = not lost)
+    ("DisruptionTarget", dataclasses.replace(WORKER, disruption="EvictionByEvictionAPI"), "DisruptionTarget: "),
+    ("evicted", dataclasses.replace(WORKER, phase="Failed", reason="Evicted"), "Evicted"),
+    ("preempted by the kubelet", dataclasses.replace(WORKER, reason="Preempting"), "Preempting"),
+    ("deleted", dataclasses.replace(WORKER, deleting=True), "deleted"),
+    ("its node gone", dataclasses.replace(WORKER, node_gone=True, node_ready=None), "its node n2 is gone"),
+    ("its node NotReady", dataclasses.replace(WORKER, node_ready=False, node_ready_changed=ago(600)), ""),
+    ("crashed on its own", dataclasses.replace(WORKER, phase="Failed", exit_code=1), ""),
+    ("healthy", WORKER, ""),
+]
+
+
+@pytest.mark.parametrize(("case", "worker", "cause"), LOST_TABLE, ids=[t[0] for t in LOST_TABLE])
+def test_a_lost_worker_pod_is_found_with_its_cause_and_never_ends_the_attempt(
+    case: str, worker: PodObservation, cause: str
+) -> None:
+    observed = obs(pods=(HEAD, worker))
+    found = lost_workers(observed)
+    if cause:
+        (lost,) = found
+        assert lost.name == "w" and lost.cause.startswith(cause), lost
+    else:
+        assert found == (), case
+    assert classify(observed, ctx(workers_lost=("w",) if cause else ())) is None, "a worker's loss ends nothing"
+
+
+def test_a_departed_worker_is_lost_once_and_the_present_observation_wins() -> None:
+    gone = PodObservation(name="w-gone", node_type="worker", disruption="PreemptionByScheduler")
+    going = dataclasses.replace(WORKER, name="w-going", deleting=True)
+    remembered = dataclasses.replace(going, disruption="EvictionByEvictionAPI")
+    observed = obs(pods=(HEAD, going), departed=(gone, remembered))
+    assert lost_workers(observed) == (
+        LostWorker("w-going", "deleted"),
+        LostWorker("w-gone", "DisruptionTarget: PreemptionByScheduler"),
+    )
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [
+        obs(job=RayJobObservation(name="r-a1", deleting=True)),
+        obs(job=RayJobObservation(name="r-a1", deployment_status="Complete", job_status="SUCCEEDED")),
+        obs(job=failed_job("failed with exit code 1")),
+        obs(pods=()),
+        obs(pods=(dataclasses.replace(HEAD, deleting=True),)),
+    ],
+    ids=["RayJob being deleted", "job succeeded", "job failed", "head gone", "head being deleted"],
+)
+def test_workers_deleted_while_the_whole_cluster_goes_are_not_lost(observed: AttemptObservation) -> None:
+    deleted = dataclasses.replace(WORKER, deleting=True)
+    observed = dataclasses.replace(observed, pods=(*observed.pods, deleted))
+    assert lost_workers(observed) == ()
+    evicted = dataclasses.replace(deleted, disruption="EvictionByEvictionAPI")
+    assert lost_workers(dataclasses.replace(observed, pods=(*observed.pods[:-1], evicted))) == (
+        LostWorker("w", "DisruptionTarget: EvictionByEvictionAPI"),
+    ), "a platform cause is a loss even then"
 
 
 def test_pod_observation_reads_disruption_node_and_container_state_from_a_raw_pod() -> None:
@@ -233,7 +449,13 @@ def test_pod_observation_reads_disruption_node_and_container_state_from_a_raw_po
             "containerStatuses": [{"state": {"terminated": {"exitCode": 143, "reason": "Error"}}}],
         },
     }
-    nodes = {"n1": {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}}
+    nodes = {
+        "n1": {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2025-01-01T11:59:30Z"}]
+            }
+        }
+    }
     seen = observation.pod_observation(pod, nodes)
     assert (seen.is_head, seen.deleting, seen.disruption, seen.node_ready, seen.exit_code) == (
         True,
@@ -242,6 +464,7 @@ def test_pod_observation_reads_disruption_node_and_container_state_from_a_raw_po
         False,
         143,
     )
+    assert seen.node_ready_changed == ago(30)
     assert observation.pod_observation(pod, {}).node_gone
 
 

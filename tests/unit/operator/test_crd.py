@@ -77,6 +77,29 @@ def test_printer_columns_show_phase_step_attempt_restarts_and_age() -> None:
     }
 
 
+def test_wide_output_adds_the_reason_and_the_workers_lost_by_the_attempt() -> None:
+    (version,) = _crd()["spec"]["versions"]
+    wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 1}
+    assert wide == {"Workers-Lost": ".status.attempt.workersLost", "Reason": ".status.reason"}
+
+
+def test_restart_policy_bounds_worker_replacement_and_a_not_ready_head_node_with_defaults() -> None:
+    policy = _schema()["properties"]["spec"]["properties"]["restartPolicy"]["properties"]
+    assert {
+        k: (policy[k]["type"], policy[k]["minimum"], policy[k]["default"]) for k in policy if k.endswith("Seconds")
+    } == {
+        "workerReplacementSeconds": ("number", 0, 300),
+        "nodeNotReadySeconds": ("number", 0, 60),
+    }
+
+
+def test_the_ray_groups_say_which_runs_the_state_and_which_only_generation() -> None:
+    ray = _schema()["properties"]["spec"]["properties"]["ray"]["properties"]
+    head, workers = ray["head"]["description"], ray["workers"]["description"]
+    assert all(part in head for part in ("driver", "controller", "trainer", "TransferQueue", "3 logical CPUs"))
+    assert "generation workers only" in workers and "no restart" in workers
+
+
 def test_every_schema_node_has_a_type_so_the_schema_is_structural() -> None:
     untyped = [
         path

@@ -7,6 +7,7 @@ status exactly as the API server would, and checks the phase, the actions and th
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import pathlib
 import re
@@ -147,7 +148,12 @@ def test_a_new_run_writes_its_identities_and_creates_attempt_one_resuming_from_l
     store = Store()
     result = store.decide()
     assert result.phase.value == "Starting"
-    assert result.patch["attempt"] == {"number": 1, "rayJobName": "tiny-a1", "start": "2025-01-01T00:00:00Z"}
+    assert result.patch["attempt"] == {
+        "number": 1,
+        "rayJobName": "tiny-a1",
+        "start": "2025-01-01T00:00:00Z",
+        "workersLost": 0,
+    }
     assert result.patch["identity"] == {
         "serviceAccountName": "tiny-driver",
         "roleName": "tiny-driver",
@@ -413,6 +419,17 @@ def test_an_invalid_trainer_fails_the_run_naming_the_field() -> None:
     assert creates(result) == []
 
 
+def test_a_head_that_cannot_host_the_run_state_fails_the_run_before_any_rayjob_naming_the_field_and_fix() -> None:
+    doc = spec_doc()
+    doc["ray"]["head"]["rayStartParams"] = {"num-cpus": "2"}
+    store = Store(doc)
+    result = store.decide()
+    assert store.phase == "Failed" and store.status["reason"] == "InvalidSpec"
+    assert store.status["message"].startswith("spec.ray.head.rayStartParams.num-cpus: the head's Ray gets 2")
+    assert 'num-cpus to "3" or more' in store.status["message"]
+    assert creates(result) == []
+
+
 UNPARSED = "spec.checkpoint.savePeriod: Input should be greater than or equal to 1"
 FINISHED = AttemptObservation(
     number=1, rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED")
@@ -530,4 +547,224 @@ def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() 
         "reason": "Preempted",
         "message": record["message"],
         "stepsLost": 4,
+        "workersLost": 0,
     }
+
+
+# ------------------------------------------------------------------------------------------ lost workers
+
+
+def worker(n: int, i: int, **state: Any) -> PodObservation:
+    healthy = {"phase": "Running", "node_name": "n2", "node_ready": True}
+    return PodObservation(name=f"tiny-a{n}-worker-{i}", node_type="worker", **{**healthy, **state})
+
+
+def with_pods(observed: AttemptObservation, *pods: PodObservation, departed: tuple[PodObservation, ...] = ()) -> Any:
+    return AttemptObservation(
+        number=observed.number, rayjob=observed.rayjob, pods=(*observed.pods, *pods), departed=departed
+    )
+
+
+def worker_lost_events(result: decision.Decision) -> list[str]:
+    return [a.message for a in result.actions if isinstance(a, Event) and a.reason == "WorkerLost"]
+
+
+EVICTED = {"disruption": "EvictionByEvictionAPI", "deleting": True}
+# One attempt's passes, in order: (what the pass sees of the workers: present, departed; count after; announced)
+# "restart" marks a pass of a freshly started operator: its departures memory is empty.
+LOSS_JOURNEY: list[tuple[str, tuple[PodObservation, ...], tuple[PodObservation, ...], int, list[str]]] = [
+    ("both workers healthy", (worker(1, 0), worker(1, 1)), (), 0, []),
+    ("worker 0 evicted", (worker(1, 0, **EVICTED), worker(1, 1)), (), 1, ["tiny-a1-worker-0"]),
+    ("the same eviction seen again", (worker(1, 0, **EVICTED), worker(1, 1)), (), 1, []),
+    ("worker 0 gone, remembered", (worker(1, 1),), (worker(1, 0, **EVICTED),), 1, []),
+    ("restart: worker 0 gone and forgotten", (worker(1, 1),), (), 1, []),
+    ("restart: worker 0 still Terminating, condition gone", (worker(1, 0, deleting=True), worker(1, 1)), (), 1, []),
+    ("KubeRay's replacement runs", (worker(1, 1), worker(1, 2)), (), 1, []),
+    (
+        "worker 1 preempted, worker 2 deleted",
+        (worker(1, 1, disruption="PreemptionByScheduler"), worker(1, 2, deleting=True)),
+        (),
+        3,
+        ["tiny-a1-worker-1", "tiny-a1-worker-2"],
+    ),
+    ("a worker's node NotReady", (worker(1, 3, node_ready=False),), (), 3, []),
+    ("a worker's node gone", (worker(1, 3, node_ready=None, node_gone=True),), (), 4, ["tiny-a1-worker-3"]),
+]
+
+
+def test_each_lost_worker_pod_is_counted_and_announced_once_and_the_attempt_goes_on() -> None:
+    store = Store()
+    start_and_run(store)
+    for case, pods, departed, count, announced in LOSS_JOURNEY:
+        result = store.decide(with_pods(running(1), *pods, departed=departed))
+        assert store.phase == "Running" and store.attempt() == 1, case
+        assert store.status["attempt"]["workersLost"] == count, case
+        events = worker_lost_events(result)
+        assert len(events) == len(announced), (case, events)
+        for message, pod in zip(events, announced, strict=True):
+            assert f"worker pod {pod} lost (" in message and message.startswith("attempt 1: "), message
+        if not announced:
+            assert "attempt" not in result.patch, f"{case}: nothing new, nothing written"
+        assert not any(isinstance(a, DeleteRayJob) for a in result.actions), case
+    assert store.status["attempt"]["lostWorkerPods"] == [f"tiny-a1-worker-{i}" for i in range(4)]
+
+
+def test_the_warning_names_the_pod_and_the_cause() -> None:
+    store = Store()
+    start_and_run(store)
+    result = store.decide(with_pods(running(1), worker(1, 0, **EVICTED)))
+    (event,) = [a for a in result.actions if isinstance(a, Event) and a.reason == "WorkerLost"]
+    assert event.type == "Warning"
+    assert event.message == (
+        "attempt 1: worker pod tiny-a1-worker-0 lost (DisruptionTarget: EvictionByEvictionAPI); 1 lost in this attempt"
+    )
+
+
+def test_an_operator_restart_with_the_pod_still_evicted_counts_nothing_twice() -> None:
+    store = Store()
+    start_and_run(store)
+    evicted = with_pods(running(1), worker(1, 0, **EVICTED))
+    store.decide(evicted)
+    saved = copy.deepcopy(store.status)  # what the API server keeps across the operator's restart
+    restarted = Store()
+    restarted.status = saved
+    result = restarted.decide(evicted)
+    assert worker_lost_events(result) == [] and result.patch == {}
+    assert restarted.status["attempt"]["workersLost"] == 1
+
+
+def test_the_names_kept_are_bounded_and_the_count_goes_on() -> None:
+    store = Store()
+    start_and_run(store)
+    total = decision.MAX_LOST_WORKER_PODS + 5
+    for i in range(total):
+        store.decide(with_pods(running(1), worker(1, i, **EVICTED)))
+    attempt = store.status["attempt"]
+    assert attempt["workersLost"] == total
+    assert len(attempt["lostWorkerPods"]) == decision.MAX_LOST_WORKER_PODS
+    assert attempt["lostWorkerPods"][-1] == f"tiny-a1-worker-{total - 1}"
+
+
+def test_the_history_entry_keeps_the_count_and_the_next_attempt_starts_from_zero() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(with_pods(running(1), worker(1, 0, **EVICTED)))
+    # The head goes in the same pass as a second worker: both counted before the attempt ends.
+    lost_head = with_pods(preempted(1), worker(1, 1, disruption="PreemptionByScheduler"))
+    result = store.decide(lost_head)
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+    assert len(worker_lost_events(result)) == 1
+    (entry,) = store.status["attempts"]
+    assert entry["workersLost"] == 2 and "lostWorkerPods" not in entry, "the names stay out of the history"
+    assert store.status["attempt"]["lostWorkerPods"] == ["tiny-a1-worker-0", "tiny-a1-worker-1"]
+    store.decide(gone(1))
+    assert store.status["attempt"] == {
+        "number": 2,
+        "rayJobName": "tiny-a2",
+        "start": "2025-01-01T00:00:00Z",
+        "resumedFrom": 10,
+        "workersLost": 0,
+    }
+
+
+def test_workers_deleted_by_the_clusters_own_teardown_after_success_are_not_lost() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 40, finished=True)
+    done = AttemptObservation(
+        number=1,
+        rayjob=RayJobObservation(name="tiny-a1", deployment_status="Complete", job_status="SUCCEEDED"),
+        pods=(worker(1, 0, deleting=True),),
+    )
+    result = store.decide(done)
+    assert store.phase == "Succeeded" and worker_lost_events(result) == []
+    assert store.status["attempts"][0]["workersLost"] == 0
+
+
+def test_a_driver_that_fails_after_a_worker_loss_is_preempted_naming_the_worker() -> None:
+    store = Store()
+    start_and_run(store)
+    store.decide(with_pods(running(1), worker(1, 0, **EVICTED)))
+    store.decide(failed(1, code=1))
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+    (entry,) = store.status["attempts"]
+    assert entry["reason"] == "Preempted" and "after worker pod tiny-a1-worker-0 was lost" in entry["message"]
+    assert store.status["restarts"]["preempted"] == 1 and store.status["restarts"]["applicationFailure"] == 0
+    assert store.status.get("consecutiveFailures", 0) == 0
+
+
+def test_a_driver_that_fails_without_a_worker_loss_is_still_an_application_failure() -> None:
+    store = Store()
+    start_and_run(store)
+    store.decide(with_pods(running(1), worker(1, 0)))
+    store.decide(failed(1, code=1))
+    assert store.status["reason"] == "ApplicationFailure" and store.status["restarts"]["applicationFailure"] == 1
+
+
+def test_no_generation_worker_back_in_time_is_preempted_and_the_next_attempt_resumes_from_the_recorded_step() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 20)
+    store.decide(running(1))
+    store.decide(failed(1, code=4))
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+    assert "workerReplacementSeconds" in store.status["attempts"][0]["message"]
+    assert store.status["restarts"]["preempted"] == 1 and store.status.get("consecutiveFailures", 0) == 0
+    store.now += datetime.timedelta(seconds=10)
+    assert creates(store.decide(gone(1))) == [CreateAttempt(2, "tiny-a2", 20)]
+
+
+# ----------------------------------------------------------------------------- a head's NotReady node
+
+
+def head_not_ready(n: int, since: datetime.datetime, **state: Any) -> AttemptObservation:
+    observed = running(n)
+    head = dataclasses.replace(observed.pods[0], node_name="n1", node_ready=False, node_ready_changed=since, **state)
+    return AttemptObservation(number=n, rayjob=observed.rayjob, pods=(head, worker(n, 0)))
+
+
+def progress(store: Store) -> None:
+    """The driver reports a finished step now (status.runtime.updated)."""
+    store.status["runtime"] = {"attempt": store.attempt(), "step": 3, "updated": timestamps.rfc3339(store.now)}
+
+
+def test_a_head_whose_node_stopped_reporting_keeps_the_attempt_while_the_driver_reports_until_the_grace_ends() -> None:
+    store = Store(spec_doc(restartPolicy={"nodeNotReadySeconds": 60}))
+    start_and_run(store)
+    since = store.now
+    for elapsed, expected_wait in ((1, 59), (30, 30), (59, 1)):
+        store.now = since + datetime.timedelta(seconds=elapsed)
+        progress(store)
+        result = store.decide(head_not_ready(1, since))
+        assert store.phase == "Running", elapsed
+        assert result.requeue_after == pytest.approx(expected_wait), "looks again when the grace ends"
+        assert not any(isinstance(a, DeleteRayJob) for a in result.actions)
+    store.now = since + datetime.timedelta(seconds=60)
+    progress(store)
+    result = store.decide(head_not_ready(1, since))
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+    assert "for 60s (spec.restartPolicy.nodeNotReadySeconds: 60)" in store.status["attempts"][0]["message"]
+    assert DeleteRayJob("tiny-a1") in result.actions
+
+
+def test_a_head_whose_node_stopped_reporting_ends_the_attempt_once_the_driver_is_silent_longer_than_the_grace() -> None:
+    store = Store(spec_doc(restartPolicy={"nodeNotReadySeconds": 60}))
+    start_and_run(store)
+    progress(store)  # the last report, then silence
+    store.now += datetime.timedelta(seconds=50)
+    since = store.now
+    result = store.decide(head_not_ready(1, since))
+    assert store.phase == "Running" and result.requeue_after == pytest.approx(10), "the report's grace ends first"
+    store.now += datetime.timedelta(seconds=11)
+    store.decide(head_not_ready(1, since))
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+    assert "has not reported progress for 61s" in store.status["attempts"][0]["message"]
+
+
+def test_a_head_being_deleted_on_a_not_ready_node_ends_the_attempt_at_once_as_preempted() -> None:
+    store = Store()
+    start_and_run(store)
+    progress(store)
+    store.decide(head_not_ready(1, store.now, deleting=True))
+    assert store.phase == "Restarting" and store.status["reason"] == "Preempted"

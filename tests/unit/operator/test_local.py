@@ -7,6 +7,7 @@ kills processes, not training (which needs Ray, kept out of unit tests).
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
 import random
@@ -16,7 +17,9 @@ import sys
 import pytest
 
 from trainingrun_operator import driver_process, local, runfile
-from trainingrun_operator.classification import FailureClass, classify
+from trainingrun_operator.classification import Context, FailureClass, classify
+
+RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_not_ready_seconds=60.0, running=True)
 
 
 def spawn(tmp_path: pathlib.Path, code: str, marker: str = "test") -> driver_process.DriverProcess:
@@ -74,30 +77,39 @@ def test_a_chaos_killed_driver_is_observed_as_a_preempted_attempt(tiny: local.Lo
     proc.popen.wait(10)
     observed = tiny.observe()
     assert observed.exit_code is None and observed.departed[0].disruption == "ChaosKill"
-    outcome = classify(observed, running=True, restore_error=None)
+    outcome = classify(observed, RUNNING)
     assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
 
 
 @pytest.mark.parametrize(
-    ("code", "expected"), [(0, None), (1, FailureClass.APPLICATION_FAILURE), (3, FailureClass.FAILED_RESTORE)]
+    ("code", "expected"),
+    [
+        (0, None),
+        (1, FailureClass.APPLICATION_FAILURE),
+        (3, FailureClass.FAILED_RESTORE),
+        (4, FailureClass.PREEMPTED),  # GenerationLost: no generation worker came back in time
+    ],
 )
 def test_a_driver_that_exits_by_itself_is_classified_by_its_exit_code(
     tiny: local.LocalRun, tmp_path: pathlib.Path, code: int, expected: FailureClass | None
 ) -> None:
     tiny.status = {"phase": "Running", "attempt": {"number": 1}}
-    proc = spawn(tmp_path, f"import sys; print('RestoreFailed: x' if {code} == 3 else 'bye'); sys.exit({code})")
+    last = {3: "RestoreFailed: x", 4: "GenerationLost: no generation worker for 300 s"}.get(code, "bye")
+    proc = spawn(tmp_path, f"import sys; print({last!r}, file=sys.stderr); sys.exit({code})")
     tiny.procs[1] = proc
     proc.popen.wait(10)
     observed = tiny.observe()
     assert observed.exit_code == code and observed.pods == ()
-    outcome = classify(observed, running=True, restore_error=None)
+    outcome = classify(observed, RUNNING)
     assert outcome is not None and outcome.failure is expected
+    if code == 4:
+        assert "GenerationLost" in observed.stderr_tail and "workerReplacementSeconds" in outcome.detail
 
 
 def test_an_attempt_left_running_by_a_previous_supervisor_ends_as_preempted(tiny: local.LocalRun) -> None:
     tiny.status = {"phase": "Running", "attempt": {"number": 4}}
     observed = tiny.observe()
-    outcome = classify(observed, running=True, restore_error=None)
+    outcome = classify(observed, RUNNING)
     assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
 
 

@@ -135,3 +135,70 @@ def test_the_longest_run_name_the_crd_allows_still_fits_kuberays_rayjob_name_lim
     from trainingrun_operator import naming
 
     assert len(naming.rayjob_name("r" * 40, 99_999)) <= 47
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+def kuberay_resources(params: dict[str, str]) -> dict[str, float]:
+    """`getResourcesMap` of KubeRay 1.5 (pod.go): surrounding quotes and spaces trimmed, then JSON."""
+    value = json.loads(params["resources"].strip("'\"` "))
+    assert isinstance(value, dict)
+    return value
+
+
+def with_workers(example: str, *groups: dict[str, Any], **restart_policy: Any) -> model.TrainingRunSpec:
+    spec = spec_of(example).wire()
+    spec["ray"]["workers"] = list(groups)
+    spec["restartPolicy"] = {**spec.get("restartPolicy", {}), **restart_policy}
+    return model.TrainingRunSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (None, {"trainingrun_generation": 1000}),
+        ('{"spot": 1}', {"spot": 1, "trainingrun_generation": 1000}),
+        (" '{\"spot\": 2.5}' ", {"spot": 2.5, "trainingrun_generation": 1000}),
+        ('"{"trainingrun_generation": 1}"', {"trainingrun_generation": 1000}),
+    ],
+    ids=["none given", "JSON given", "quoted as KubeRay allows", "ours wins"],
+)
+def test_every_worker_group_offers_the_generation_resource_merged_into_the_users_resources(
+    given: str | None, expected: dict[str, float]
+) -> None:
+    group: dict[str, Any] = {"name": "gen", "replicas": 2, "rayStartParams": {"num-cpus": "8"}}
+    if given is not None:
+        group["rayStartParams"]["resources"] = given
+    body = rayjob.build_rayjob("r", "ns", "u", 1, None, with_workers("cluster.yaml", group))
+    cluster = body["spec"]["rayClusterSpec"]
+    (params,) = [g["rayStartParams"] for g in cluster["workerGroupSpecs"]]
+    assert params["resources"].startswith("'{") and params["resources"].endswith("}'"), "as KubeRay writes it"
+    assert kuberay_resources(params) == expected
+    assert params["num-cpus"] == "8", "the user's other parameters stay"
+    assert "resources" not in cluster["headGroupSpec"]["rayStartParams"], "the head offers no generation resource"
+
+
+@pytest.mark.parametrize(
+    ("workers", "on_worker_groups"),
+    [
+        ([], False),
+        ([{"name": "gen", "replicas": 0}], False),
+        ([{"name": "idle", "replicas": 0}, {"name": "gen", "replicas": 1}], True),
+    ],
+    ids=["no worker group", "only empty groups", "a group with pods"],
+)
+def test_the_driver_runs_generation_on_the_worker_groups_only_when_they_have_pods(
+    workers: list[dict[str, Any]], on_worker_groups: bool
+) -> None:
+    spec = with_workers("tiny.yaml", *workers, workerReplacementSeconds=45)
+    argv = shlex.split(rayjob.entrypoint("tiny", "ns", 1, None, spec))
+    config = RuntimeConfig.model_validate(json.loads(argv[argv.index("--config-json") + 1]))
+    assert config.generation.on_worker_groups is on_worker_groups
+    assert config.generation.replacement_seconds == 45
+
+
+def test_the_cluster_example_puts_generation_on_its_workers_and_waits_the_default_bound_for_a_lost_one() -> None:
+    argv = shlex.split(rayjob.entrypoint("r", "ns", 1, None, spec_of("cluster.yaml")))
+    config = json.loads(argv[argv.index("--config-json") + 1])
+    assert config["generation"] == {"onWorkerGroups": True, "replacementSeconds": 300.0}

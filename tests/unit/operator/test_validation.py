@@ -83,3 +83,80 @@ def test_the_operator_still_reports_the_first_problem_in_pydantics_words() -> No
     spec = model.TrainingRunSpec.model_validate(doc["spec"])
     assert validation.spec_problem(spec) == "spec.trainer.grpo.groupSize: Input should be greater than or equal to 2"
     assert validation.spec_problem(model.TrainingRunSpec.model_validate(tiny()["spec"])) is None
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+def head(**group: Any) -> dict[str, Any]:
+    """tiny.yaml with its head group replaced by `group`."""
+    doc = tiny()
+    doc["spec"]["ray"]["head"] = group
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("group", "field", "says"),
+    [
+        ({"rayStartParams": {"num-cpus": "2"}}, "spec.ray.head.rayStartParams.num-cpus", "gets 2 logical CPUs"),
+        ({"resources": {"limits": {"cpu": "2"}}}, "spec.ray.head.resources.limits.cpu", "gets 2 logical CPUs"),
+        (
+            {"resources": {"requests": {"cpu": "500m"}, "limits": {"memory": "4Gi"}}},
+            "spec.ray.head.resources.requests.cpu",
+            "gets 1 logical CPU from",
+        ),
+        ({"resources": {"limits": {"cpu": 0}, "requests": {"cpu": 1}}}, "spec.ray.head.resources.requests.cpu", "1"),
+        ({"rayStartParams": {"num-cpus": "many"}}, "spec.ray.head.rayStartParams.num-cpus", "whole number"),
+        ({"resources": {"limits": {"cpu": "2 cores"}}}, "spec.ray.head.resources.limits.cpu", "Kubernetes quantity"),
+    ],
+    ids=["num-cpus", "from the CPU limit", "from the CPU request, rounded up", "a zero limit", "not a number", "bad"],
+)
+def test_a_head_that_cannot_host_the_run_state_is_a_problem_naming_the_field_and_the_fix(
+    group: dict[str, Any], field: str, says: str
+) -> None:
+    (problem,) = validation.run_problems(head(**group))
+    assert problem.path == field and says in problem.explained
+    if "logical CPU" in says:
+        assert 'set spec.ray.head.rayStartParams.num-cpus to "3" or more' in problem.explained
+    spec = model.TrainingRunSpec.model_validate(head(**group)["spec"])
+    assert validation.spec_problem(spec) == str(problem), "the operator fails the run with the same words"
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        {"rayStartParams": {"num-cpus": "3"}, "resources": {"limits": {"cpu": "1"}}},
+        {"resources": {"limits": {"cpu": "2500m"}}},
+        {"resources": {"limits": {"cpu": 4}}},
+        {"resources": {"requests": {"cpu": "3"}}},
+        {"resources": {"limits": {"memory": "4Gi"}}},
+        {},
+    ],
+    ids=["num-cpus wins over the limit", "2.5 rounds up to 3", "an integer", "the request", "no CPU given", "nothing"],
+)
+def test_a_head_with_three_logical_cpus_or_an_unknown_count_can_host_the_run_state(group: dict[str, Any]) -> None:
+    assert validation.run_problems(head(**group)) == []
+
+
+@pytest.mark.parametrize(
+    "resources",
+    ["{spot: 1}", '{"spot": "one"}', '["spot"]', '{"spot": true}'],
+    ids=["not JSON", "a string value", "not an object", "a boolean"],
+)
+def test_a_worker_group_resources_value_that_kuberay_cannot_read_is_a_problem_naming_the_group(resources: str) -> None:
+    doc = tiny()
+    doc["spec"]["ray"]["workers"] = [
+        {"name": "ok", "rayStartParams": {"resources": "'{\"spot\": 1}'"}},
+        {"name": "gen", "rayStartParams": {"resources": resources}},
+    ]
+    (problem,) = validation.run_problems(doc)
+    assert problem.path == "spec.ray.workers.1.rayStartParams.resources"
+    assert "JSON object of numbers" in problem.explained and "worker group gen" in problem.explained
+
+
+def test_the_local_backend_runs_generation_beside_the_driver_whatever_the_worker_groups() -> None:
+    doc = tiny()
+    doc["spec"]["ray"]["workers"] = [{"name": "gen", "replicas": 2}]
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    assert validation.runtime_config(spec).generation.on_worker_groups
+    assert not validation.runtime_config(spec, local=True).generation.on_worker_groups
