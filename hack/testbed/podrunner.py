@@ -22,8 +22,11 @@ kwok still plays the pods' phase (Running, a fake pod IP, deletion); this runner
           │                 backoff); the patch bodies are podstatus.py's
           ├── routes    ──> for every Service that selects a running head: `<svc>.<ns>.svc.cluster.local:<port>`
           │                 -> the matching local port, in the forward proxy (DNS plus kube-proxy, for KubeRay)
-          ├── endings   ──> pod deleted/evicted: SIGTERM, then SIGKILL after its grace period (capped);
-          │                 node not Ready: SIGKILL at once (the machine is gone); nothing is restarted after that
+          ├── endings   ──> pod deleted/evicted: SIGTERM, then SIGKILL after its grace period (capped); node
+          │                 deleted, or `kill_node` (the machine is gone): SIGKILL at once; nothing is restarted
+          │                 after that. A node that is only not Ready (its kubelet stopped posting status: a
+          │                 blip) keeps its processes running, untended, as a real machine would
+          │                 (`chaos.lapse_node`; `chaos.fail_node` also kills them)
           └── provisioner ─> a hostPath PV pre-bound by claimRef for every pending PVC (provisioner.py)
 
 Every process of a pod carries localpod.POD_MARKER=<pod uid> in its environment, so a kill finds the Ray workers
@@ -250,8 +253,10 @@ class PodRunner:
                     self._start(pod)
             elif local.state in ("killing", "killed", "detached"):
                 continue
-            elif node is None or not fakenodes.node_ready(node):
-                self._kill(local, f"node {local.node} not Ready", grace=0.0, final_state="killed")
+            elif node is None:
+                self._kill(local, f"node {local.node} deleted", grace=0.0, final_state="killed")
+            elif not fakenodes.node_ready(node):
+                continue  # the kubelet cannot post status; the processes run on until the machine is really gone
             elif pod["metadata"].get("deletionTimestamp"):
                 self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap), final_state="killed")
             else:
