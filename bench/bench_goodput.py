@@ -86,9 +86,8 @@ def live_workers(plane: controlplane.ControlPlane) -> list[dict[str, Any]]:
 def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str, steps: int,
              schedule: list[Strike], rng: random.Random) -> float:  # fmt: skip
     """Applies the run, strikes each disruption at its step, returns seconds from apply to Succeeded."""
-    run = examples.cluster_run(bed, name, steps=steps, logEvery=5)
+    run = examples.cluster_run(bed, name, claim=f"{name}-checkpoints", steps=steps, logEvery=5)
     run["spec"]["checkpoint"]["savePeriod"] = SAVE_PERIOD
-    run["spec"]["checkpoint"]["pvc"]["claimName"] = f"{name}-checkpoints"
     run["spec"]["restartPolicy"]["backoff"] = {"initialSeconds": 1, "maxSeconds": 5, "factor": 2}
     started = time.time()
     plane.apply(examples.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=NAMESPACE)
@@ -121,8 +120,7 @@ def strike(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: st
     elif hit.kind == "node_failure":
         assert bed.worker_kubelet is not None
         chaos.fail_node(plane, bed.runner, bed.worker_node, bed.worker_kubelet)
-        plane.kubectl("delete", "node", bed.worker_node, "--wait=true", timeout=120)
-        bed.worker_kubelet = bed.start_ray_node(bed.worker_node, taints=[fullloop.WORKER_TAINT])
+        bed.replace_worker_node()
 
 
 def measure_progress(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str,

@@ -46,11 +46,13 @@ def checkpoints_pvc(name: str) -> dict[str, Any]:
     }
 
 
-def cluster_run(bed: fullloop.FullLoopBed, name: str, *, workers: int = 2, **trainer: Any) -> dict[str, Any]:
+def cluster_run(
+    bed: fullloop.FullLoopBed, name: str, *, workers: int = 2, claim: str | None = None, **trainer: Any
+) -> dict[str, Any]:
     """The tiny example shaped like manifests/examples/cluster.yaml: the head on the bed's node, and a worker
     group "generation" of `workers` replicas on the bed's worker node (they alone tolerate its taint), one
     generation worker per replica. The head keeps 4 logical CPUs: 3 for TransferQueue, 1 to spare."""
-    run = tiny_run(name, generationWorkers=workers, **trainer)
+    run = tiny_run(name, claim=claim, generationWorkers=workers, **trainer)
     ray = run["spec"]["ray"]
     ray["head"]["rayStartParams"] = {"num-cpus": "4"}
     ray["head"]["nodeSelector"] = {"kubernetes.io/hostname": bed.node}
@@ -60,7 +62,7 @@ def cluster_run(bed: fullloop.FullLoopBed, name: str, *, workers: int = 2, **tra
             "replicas": workers,
             "rayStartParams": {"num-cpus": "1"},
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-            "nodeSelector": {"kubernetes.io/hostname": bed.worker_node},
+            "nodeSelector": dict(fullloop.WORKER_LABEL),
             "tolerations": [{"operator": "Equal", **fullloop.WORKER_TAINT}],
         }
     ]

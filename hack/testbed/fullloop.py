@@ -91,7 +91,9 @@ spec:
 
 
 WORKER_TAINT = {"key": "trainingrun.dev/testbed-workers", "value": "true", "effect": "NoSchedule"}
-"""On the bed's worker node: a run's worker groups tolerate it (and select the node), nothing else lands there."""
+"""On the bed's worker node: a run's worker groups tolerate it (and select WORKER_LABEL), nothing else lands there."""
+WORKER_LABEL = {"trainingrun.dev/testbed-pool": "workers"}
+"""The bed's worker node carries it, as a cloud's node pool labels its nodes; a replacement node carries it too."""
 
 
 @dataclass(eq=False)
@@ -127,7 +129,7 @@ class FullLoopBed:
         suffix = uuid.uuid4().hex[:6]
         self.node, self.worker_node = f"fullloop-{suffix}", f"fullloop-workers-{suffix}"
         self.kubelet = self.start_ray_node(self.node)
-        self.worker_kubelet = self.start_ray_node(self.worker_node, taints=[WORKER_TAINT])
+        self.worker_kubelet = self.start_ray_node(self.worker_node, taints=[WORKER_TAINT], labels=WORKER_LABEL)
         self.plane.wait_nodes_ready([self.node, self.worker_node])
         status, nodes = self.plane.request("GET", "/api/v1/nodes")
         for other in nodes["items"] if status == 200 else []:
@@ -136,10 +138,28 @@ class FullLoopBed:
                 self.plane.kubectl("cordon", name)
                 self.cordoned.append(name)
 
-    def start_ray_node(self, name: str, *, taints: list[dict[str, str]] | None = None) -> components.Process:
-        """Creates node `name` for Ray pods and starts the kwok that plays it (also: a replaced node registering)."""
-        self.plane.create_fake_node(name, annotations={fakenodes.KWOK_ANNOTATION: name}, taints=taints or [])
+    def start_ray_node(
+        self, name: str, *, taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None
+    ) -> components.Process:
+        """Creates node `name` for Ray pods and starts the kwok that plays it."""
+        self.plane.create_fake_node(
+            name, annotations={fakenodes.KWOK_ANNOTATION: name}, taints=taints or [], labels=labels or {}
+        )
         return self.start_kubelet(name)
+
+    def replace_worker_node(self) -> str:
+        """The cloud replaces the worker machine: its node object goes (the pod GC then deletes the pods bound to it
+        and KubeRay makes new ones) and a new node of another name, in the same pool, registers. Returns its name.
+        Call it after `chaos.fail_node` (or on a live node: its pods' processes are killed with it)."""
+        old = self.worker_node
+        self.runner.kill_node(old)
+        self.plane.kubectl("delete", "node", old, "--wait=true", timeout=120)
+        if self.worker_kubelet is not None:
+            self.worker_kubelet.stop(timeout=5)
+        self.worker_node = f"fullloop-workers-{uuid.uuid4().hex[:6]}"
+        self.worker_kubelet = self.start_ray_node(self.worker_node, taints=[WORKER_TAINT], labels=WORKER_LABEL)
+        self.plane.wait_nodes_ready([self.worker_node])
+        return self.worker_node
 
     def start_kubelet(self, name: str) -> components.Process:
         """Starts the kwok that plays Ray node `name` (also: the kubelet of a node that stopped heartbeating, back)."""

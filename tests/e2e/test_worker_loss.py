@@ -1,0 +1,171 @@
+"""A spot worker's loss on the full loop costs the run no attempt and no step: the cluster-shaped example (the head
+on a node of its own, a worker group "generation" of 2 replicas on the bed's worker node), the real KubeRay, our
+operator and the real driver.
+
+- Worker pods evicted three times at seeded random moments (E2E_CHAOS_SEED replays them), one at a save step:
+  attempt 1 finishes, KubeRay recreated the pods, the final weights equal an undisturbed run's (in_order), every
+  prompt was consumed exactly once, and each evicted pod's Ray processes died with it.
+- The worker node stops heartbeating (its kwok stops, its processes are killed) and is replaced: same outcome.
+- The head's node stops heartbeating for less than `nodeNotReadySeconds` while Ray keeps running: the attempt
+  goes on.
+- Every worker gone for longer than `workerReplacementSeconds`: the attempt ends Preempted and the next resumes
+  from the recorded step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+import chaos
+import examples
+import localpod
+from support import launcher
+from trainingrun_runtime.rollout import ledger
+from trainingrun_runtime.storage import layout, verification
+
+if TYPE_CHECKING:
+    from conftest import Loop  # tests/e2e/conftest.py
+
+pytestmark = pytest.mark.e2e
+
+
+SEED = int(os.environ.get("E2E_CHAOS_SEED", "1301"))
+STEPS, SAVE_PERIOD, PROMPTS = 36, 6, 8
+RUN_TRAINER = {"steps": STEPS, "logEvery": 2}
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory, full_loop: Any) -> str:
+    """weights_sha256 of the same trainer config trained without any disruption (a local driver: the number and
+    place of the generation workers never change a sample)."""
+    trainer = examples.tiny_run("ref", generationWorkers=2, **RUN_TRAINER)["spec"]["trainer"]
+    root = tmp_path_factory.mktemp("undisturbed")
+    config = {"trainer": trainer, "checkpoint": {"savePeriod": SAVE_PERIOD, "keepLast": 2}}
+    proc = launcher.start(run="ref", attempt=1, root=root, config=config, num_cpus=6)
+    assert proc.wait(900) == 0, proc.output()[-3000:]
+    return str(verification.verify(root / "ref" / layout.step_dirname(STEPS)).weights_sha256)
+
+
+def runtime_step(loop: Loop, namespace: str, name: str, attempt: int = 1) -> int | None:
+    runtime = loop.run_status(namespace, name).get("runtime") or {}
+    return int(runtime["step"]) if runtime.get("attempt") == attempt else None
+
+
+def live_workers(loop: Loop, namespace: str) -> list[dict[str, Any]]:
+    found = chaos.pods(loop.plane, namespace, "ray.io/node-type=worker")
+    return [p for p in found if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
+
+
+def start(loop: Loop, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    run = loop.cluster_run(name, claim=f"{name}-checkpoints", **RUN_TRAINER)
+    run["spec"]["checkpoint"]["savePeriod"] = SAVE_PERIOD
+    run["spec"]["restartPolicy"].update(spec.pop("restartPolicy", {}))
+    loop.plane.apply(loop.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=namespace)
+    loop.wait(lambda: len(live_workers(loop, namespace)) == 2, timeout=300, what="both worker pods Running")
+    return run
+
+
+def assert_finished_like_undisturbed(loop: Loop, namespace: str, name: str, undisturbed: str) -> dict[str, Any]:
+    status = loop.wait_phase(namespace, name, "Succeeded", timeout=900)
+    claim = loop.bed.runner.claim_directory(namespace, f"{name}-checkpoints")
+    last = verification.open_verified(claim / name / layout.step_dirname(STEPS))
+    assert last.manifest.weights_sha256 == undisturbed
+    index_file = torch.load(last.replay_metadata, weights_only=True)
+    book = ledger.Ledger()
+    book.load_state_dict(index_file["restart"]["ledger"])
+    assert book.in_state(ledger.State.CONSUMED) == list(range(STEPS * PROMPTS))
+    book.check_served(index_file["restart"]["loader"]["next_uid"])
+    return status
+
+
+def test_three_worker_evictions_keep_attempt_1_and_the_weights_of_an_undisturbed_run(
+    loop: Loop, namespace: str, undisturbed: str
+) -> None:
+    start(loop, namespace, "spot")
+    rng = random.Random(SEED)
+    moments = sorted([*rng.sample(range(2, STEPS - 8), 2), SAVE_PERIOD * rng.randint(2, STEPS // SAVE_PERIOD - 2)])
+    evicted = []
+    for at in moments:
+        loop.wait(lambda at=at: (runtime_step(loop, namespace, "spot") or 0) >= at, timeout=600, what=f"step {at}")
+        victim = rng.choice(loop.wait(lambda: live_workers(loop, namespace), timeout=300, what="a live worker"))
+        uid = victim["metadata"]["uid"]
+        chaos.evict(loop.plane, namespace, victim["metadata"]["name"])
+        evicted.append(victim["metadata"]["name"])
+        # A killed worker pod's Ray processes die with it, as a real container's would.
+        loop.wait(lambda uid=uid: not localpod.pod_processes(uid), timeout=120, what=f"no process of {evicted[-1]}")
+
+    status = assert_finished_like_undisturbed(loop, namespace, "spot", undisturbed)
+    assert status["attempt"]["number"] == 1, status.get("attempts")
+    assert [a["number"] for a in status.get("attempts") or []] in ([], [1])  # only the attempt that succeeded
+    assert status["attempt"]["workersLost"] == 3, status["attempt"]
+    assert (status.get("restarts") or {}).get("total", 0) == 0
+
+
+def test_a_worker_node_that_stops_heartbeating_and_is_replaced_costs_no_attempt(
+    loop: Loop, namespace: str, undisturbed: str
+) -> None:
+    start(loop, namespace, "lapse")
+    loop.wait(lambda: (runtime_step(loop, namespace, "lapse") or 0) >= 8, timeout=600, what="step 8")
+    bed = loop.bed
+    assert bed.worker_kubelet is not None
+    chaos.fail_node(loop.plane, bed.runner, bed.worker_node, bed.worker_kubelet)
+    bed.replace_worker_node()  # the cloud replaces the machine: a new node in the same pool registers
+
+    status = assert_finished_like_undisturbed(loop, namespace, "lapse", undisturbed)
+    assert status["attempt"]["number"] == 1, (status.get("attempts"), loop.diagnostics())
+    assert status["attempt"]["workersLost"] >= 1
+
+
+def test_a_head_node_that_stops_heartbeating_for_less_than_the_grace_keeps_the_attempt(
+    loop: Loop, namespace: str, undisturbed: str
+) -> None:
+    start(loop, namespace, "blip", restartPolicy={"nodeNotReadySeconds": 90})
+    loop.wait(lambda: (runtime_step(loop, namespace, "blip") or 0) >= 6, timeout=600, what="step 6")
+    bed = loop.bed
+    assert bed.kubelet is not None
+    chaos.lapse_node(loop.plane, bed.node, bed.kubelet)  # its kubelet stops posting status; Ray keeps running
+    before = runtime_step(loop, namespace, "blip") or 0
+    loop.wait(lambda: (runtime_step(loop, namespace, "blip") or 0) >= before + 3, timeout=120,
+              what="progress while the head's node is NotReady")  # fmt: skip
+    assert loop.run_status(namespace, "blip")["attempt"]["number"] == 1
+    assert not loop.run_status(namespace, "blip")["attempt"].get("end")
+    bed.kubelet = bed.start_kubelet(bed.node)
+    loop.plane.wait_nodes_ready([bed.node])
+
+    status = assert_finished_like_undisturbed(loop, namespace, "blip", undisturbed)
+    assert status["attempt"]["number"] == 1
+
+
+def test_every_worker_gone_longer_than_the_bound_ends_the_attempt_and_the_next_resumes(
+    loop: Loop, namespace: str
+) -> None:
+    start(loop, namespace, "drought", restartPolicy={"workerReplacementSeconds": 10})
+    recorded = loop.wait(
+        lambda: ((loop.run_status(namespace, "drought").get("checkpoints") or {}).get("latest") or {}).get("step"),
+        timeout=600,
+        what="a recorded checkpoint",
+    )
+    bed = loop.bed
+    loop.plane.kubectl("cordon", bed.worker_node)  # the spot capacity is gone: recreated worker pods stay Pending
+    try:
+        for victim in live_workers(loop, namespace):
+            chaos.evict(loop.plane, namespace, victim["metadata"]["name"], grace_seconds=0)
+        status = loop.wait(
+            lambda: (
+                s if ((s := loop.run_status(namespace, "drought")).get("attempt") or {}).get("number") == 2 else None
+            ),
+            timeout=300,
+            what="attempt 2",
+        )
+    finally:
+        loop.plane.kubectl("uncordon", bed.worker_node)
+    ended = status["attempts"][-1]
+    assert ended["number"] == 1 and ended["reason"] == "Preempted", (ended, loop.diagnostics())
+    assert "generation worker" in ended.get("message", ""), ended
+    assert status["attempt"].get("resumedFrom", -1) >= recorded, (status, loop.diagnostics())
+    loop.wait_phase(namespace, "drought", "Succeeded", timeout=900)
