@@ -3,12 +3,12 @@
     1  claim the run directory for this attempt (`storage.fence`)                 run_dir_claimed
     2  choose the checkpoint: every checksum verified, the config hash checked    checkpoint_selected   no Ray yet
     3  ray.init (or attach via RAY_ADDRESS)                                       ray_started
-    4  Trainers: the trainer worker + the BOOTSTRAP data-plane client             tq_started
-       (starts TransferQueue)
+    4  the generation workers' and the trainer worker's processes start (neither  tq_started
+       touches TransferQueue) while the BOOTSTRAP data-plane client starts it
     5  restore (`restore.restore`): TransferQueue through the bootstrap client    tq_restored | tq_fresh
        ─► DataPlaneToken, BEFORE any other client, the buffer or the actor exist;
        policy/ into the trainer; the loader place, sampler cursor and ledger      policy_loaded
-    6  generation workers, given the trainer's weights (version = restored step)  generators_ready
+    6  the generation workers get the trainer's weights (version = restored step) generators_ready
     7  SingleControllerActorArgs(everything above) ─► the controller actor         actor_created
 
 The token from step 5 is the structural proof of ordering: a connect-only client
@@ -103,6 +103,11 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     ev.emit("ray_started")
     prefix = f"{opts.run}-a{opts.attempt}"
     head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
+    # Generation workers first: their processes start while TransferQueue does (they never touch it).
+    generation_options = placement.generation(opts.config.generation)
+    generators = [
+        generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options) for i in range(tcfg.generation_workers)
+    ]
     the_trainers = trainers.Trainers(tcfg, prefix, head)
     ev.emit("tq_started")
     rollout = restore.Rollout.fresh(tcfg)
@@ -112,12 +117,10 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         the_trainers.close()
         raise
 
-    generation_options = placement.generation(opts.config.generation)
     try:
-        generators = _start_generators(
-            tcfg, prefix, generation_options, the_trainers, version=rollout.sampler.step,
-            within_s=opts.config.generation.replacement_seconds,
-        )  # fmt: skip
+        _load_generators(
+            generators, the_trainers, version=rollout.sampler.step, within_s=opts.config.generation.replacement_seconds
+        )
     except BaseException:
         the_trainers.close()
         raise
@@ -149,16 +152,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     return Setup(actor=the_actor, trainers=the_trainers, args=args)
 
 
-def _start_generators(
-    cfg: config.TrainerConfig,
-    prefix: str,
-    options: dict[str, Any],
-    the_trainers: trainers.Trainers,
-    *,
-    version: int,
-    within_s: float,
-) -> list[Any]:
-    """The generation workers, placed by `options`, each holding the trainer's current weights as policy `version`.
+def _load_generators(generators: list[Any], the_trainers: trainers.Trainers, *, version: int, within_s: float) -> None:
+    """Give every generation worker the trainer's current weights as policy `version`.
 
     GenerationLost if they are not all up within `within_s` seconds (a worker group whose pods never come: the
     same bound as for a lost worker's replacement).
@@ -166,13 +161,11 @@ def _start_generators(
     import ray
     from ray.exceptions import GetTimeoutError
 
-    generators = [generation_workers.spawn(cfg, f"{prefix}-gen-{i}", options) for i in range(cfg.generation_workers)]
     weights = the_trainers.weights_ref()
     try:
         ray.get([g.load_weights.remote(version, weights) for g in generators], timeout=within_s)
     except GetTimeoutError:
         raise GenerationLost(
-            f"{cfg.generation_workers} generation workers were not all up within {within_s:g} s "
+            f"{len(generators)} generation workers were not all up within {within_s:g} s "
             "(spec.restartPolicy.workerReplacementSeconds): no room for them on the worker groups?"
         ) from None
-    return generators

@@ -96,16 +96,20 @@ class Trainers:
     def __init__(
         self, cfg: config.TrainerConfig, name_prefix: str, head: str, *, storage_units: int = STORAGE_UNITS
     ) -> None:
-        """Start TransferQueue and the trainer worker on the Ray node `head` (`placement`: run state lives there)."""
+        """Start the trainer worker and TransferQueue on the Ray node `head` (`placement`: run state lives there).
+
+        The worker's process starts while TransferQueue does (creating an actor does not wait for it); it touches
+        TransferQueue only when `attach`ed with the token of the restore decision.
+        """
         import ray
 
         self.cfg = cfg
-        self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
-            storage_units=storage_units, node_id=head
-        )
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
         options = {"name": f"{name_prefix}-trainer", **placement.on_head(head)}
         self.worker: Any = worker_cls.options(**options).remote(cfg)
+        self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
+            storage_units=storage_units, node_id=head
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.
