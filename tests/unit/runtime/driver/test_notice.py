@@ -1,0 +1,60 @@
+"""The preemption notice's file protocol and the rule for whether a save fits before the deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from trainingrun_runtime.driver import notice
+
+
+def test_a_request_is_pending_for_its_attempt_only(tmp_path: Path) -> None:
+    notice.request(tmp_path, "run", 2, deadline=123.0, reason="evicted")
+    got = notice.pending(tmp_path, "run", 2)
+    assert got is not None
+    assert (got.deadline, got.reason) == (123.0, "evicted")
+    assert notice.pending(tmp_path, "run", 3) is None
+
+
+def test_a_torn_request_counts_as_none(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "attempts" / "1" / notice.REQUEST_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text('{"deadline": ')
+    assert notice.pending(tmp_path, "run", 1) is None
+
+
+def test_the_hook_gets_the_answer_the_driver_writes(tmp_path: Path) -> None:
+    def answer_soon() -> None:
+        time.sleep(0.3)
+        notice.answer(tmp_path, "run", 1, notice.Answer(step=8, why="saved"))
+
+    threading.Thread(target=answer_soon).start()
+    got = notice.wait_for_answer(tmp_path, "run", 1, deadline=time.time() + 10)
+    assert got == notice.Answer(step=8, why="saved")
+
+
+def test_the_hook_gives_up_at_the_deadline(tmp_path: Path) -> None:
+    assert notice.wait_for_answer(tmp_path, "run", 1, deadline=time.time() + 0.3) is None
+
+
+def test_the_hook_exits_zero_even_with_no_answer(tmp_path: Path) -> None:
+    code = notice.main(["--root", str(tmp_path), "--run", "r", "--attempt", "1", "--grace-seconds", "2.2"])
+    assert code == 0
+    assert notice.pending(tmp_path, "r", 1) is not None
+
+
+def test_a_save_that_fits_with_room_to_spare_is_started() -> None:
+    assert notice.time_for_a_save(now=0.0, deadline=20.0, save_s=3.0, step_s=2.0)
+
+
+def test_a_save_longer_than_the_time_left_is_skipped() -> None:
+    assert not notice.time_for_a_save(now=0.0, deadline=5.0, save_s=4.0)
+
+
+def test_a_passed_deadline_allows_no_save() -> None:
+    assert not notice.time_for_a_save(now=10.0, deadline=9.0, save_s=None)
+
+
+def test_an_unknown_save_time_is_tried_when_there_are_seconds_left() -> None:
+    assert notice.time_for_a_save(now=0.0, deadline=8.0, save_s=None)
