@@ -6,6 +6,10 @@ the first that matches decides (a disrupted head explains a failed job, so it is
 verdict):
 
 1. the driver reported a restore error for this attempt           -> FailedRestore
+   the head pod is being deleted and its grace period has not ended (the driver may be saving on its preStop
+   notice, `trainingrun_runtime.driver.notice`), its container runs, the driver has no verdict yet
+                                                                  -> still going (`grace_left` says until when);
+   ending it now would drop the notice checkpoint's report (an ended attempt's reports are not recorded)
 2. the head pod has (or, now gone, was last seen with) DisruptionTarget,
    was Evicted or Preempted, or its node is gone                  -> Preempted
    the head's node stopped reporting (Ready False or Unknown) before the driver's verdict, and the head pod is
@@ -16,7 +20,8 @@ verdict):
    after the attempt was running                                  -> Preempted
 4. the driver's exit code is known (local mode, or parsed from KubeRay's message): 0 succeeded,
    3 / "RestoreFailed:" -> FailedRestore, 4 / "GenerationLost:" (no generation worker came back within
-   workerReplacementSeconds) -> Preempted, 2 (bad config) -> ApplicationFailure (permanent),
+   workerReplacementSeconds) -> Preempted, 5 / "Preempted:" (it saved on the head's notice and stopped)
+   -> Preempted, 2 (bad config) -> ApplicationFailure (permanent),
    else -> ApplicationFailure
 5. KubeRay's verdict: SUCCEEDED -> success; SubmissionFailed, ValidationFailed, STOPPED,
    grace period exceeded -> InfrastructureFailure; AppFailed / FAILED -> ApplicationFailure
@@ -50,8 +55,12 @@ __all__ = ["Context", "FailureClass", "LostWorker", "Outcome", "classify", "grac
 EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 EXIT_GENERATION_LOST = 4
+EXIT_PREEMPTED = 5
 RESTORE_FAILED_PREFIX = "RestoreFailed:"
 GENERATION_LOST_PREFIX = "GenerationLost:"
+PREEMPTED_PREFIX = "Preempted:"
+DRAIN_SLACK_SECONDS = 5.0
+"""After a deleted head's grace period ends: time for the kubelet's kill to show before the attempt is judged."""
 
 _IMAGE_ERRORS = frozenset(
     {"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError", "CreateContainerError"}
@@ -147,6 +156,20 @@ def _not_ready_head(obs: AttemptObservation) -> PodObservation | None:
     return None if job is not None and job.job_status in _JOB_ENDED else head
 
 
+def _draining_head(obs: AttemptObservation, ctx: Context) -> float | None:
+    """Seconds left of a deleted head's grace period (plus slack) while its driver may still save on the notice;
+    None when the head is not draining (not deleted, already stopped, its node down, the driver done)."""
+    head, job = obs.head, obs.rayjob
+    if obs.backend != "kuberay" or head is None or not head.deleting or head.deletion_deadline is None:
+        return None
+    if head.phase != "Running" or head.node_ready is False or head.node_gone or obs.exit_code is not None:
+        return None
+    if job is not None and job.job_status in _JOB_ENDED:
+        return None
+    left = (head.deletion_deadline - ctx.now).total_seconds() + DRAIN_SLACK_SECONDS
+    return left if left > 0 else None
+
+
 def _head_lost(obs: AttemptObservation, ctx: Context) -> str:
     for pod in (*obs.pods, *obs.departed):
         why = _head_disruption(pod) if pod.is_head else ""
@@ -157,8 +180,12 @@ def _head_lost(obs: AttemptObservation, ctx: Context) -> str:
 
 
 def grace_left(obs: AttemptObservation, ctx: Context) -> float | None:
-    """Seconds until the head's NotReady node ends the attempt if nothing changes (None: no such node), for the
-    decision to look again then. Only meaningful while `classify` says the attempt is still going."""
+    """Seconds until the head's NotReady node, or the end of a deleted head's grace period, ends the attempt if
+    nothing changes (None: neither), for the decision to look again then. Only meaningful while `classify` says
+    the attempt is still going."""
+    draining = _draining_head(obs, ctx)
+    if draining is not None:
+        return draining
     head = _not_ready_head(obs)
     return _head_not_ready(head, ctx)[1] if head is not None else None
 
@@ -208,6 +235,11 @@ def _from_exit_code(code: int, message: str) -> Outcome:
             "no generation worker came back within spec.restartPolicy.workerReplacementSeconds "
             f"(the driver exited with code {code}, GenerationLost)",
         )
+    if code == EXIT_PREEMPTED or PREEMPTED_PREFIX in message:
+        return Outcome(
+            FailureClass.PREEMPTED,
+            f"the head pod was being deleted; the driver saved on its notice and stopped (exit code {code})",
+        )
     if code == EXIT_BAD_CONFIG:
         return Outcome(FailureClass.APPLICATION_FAILURE, "the driver rejected its configuration (exit code 2)", True)
     return Outcome(FailureClass.APPLICATION_FAILURE, f"the driver exited with code {code}")
@@ -228,6 +260,8 @@ def _from_rayjob(obs: AttemptObservation) -> Outcome | None:
             code = EXIT_RESTORE_FAILED
         elif code is None and GENERATION_LOST_PREFIX in job.message:
             code = EXIT_GENERATION_LOST
+        elif code is None and PREEMPTED_PREFIX in job.message:
+            code = EXIT_PREEMPTED
         if code is not None:
             return _from_exit_code(code, job.message)
         return Outcome(FailureClass.APPLICATION_FAILURE, f"the Ray job failed: {job.message}".strip())
@@ -269,6 +303,8 @@ def classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
 def _classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
     if ctx.restore_error:
         return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {ctx.restore_error}")
+    if _draining_head(obs, ctx) is not None:
+        return None  # the driver may be saving on the notice: its report must still count
     why = _head_lost(obs, ctx)
     if why:
         return Outcome(FailureClass.PREEMPTED, why)

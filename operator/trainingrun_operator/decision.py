@@ -57,6 +57,8 @@ __all__ = [
 ]
 
 MAX_CHECKPOINT_HISTORY = 20
+PREEMPTION_NOTICE = "PreemptionNotice"
+"""A checkpoint's reason when the driver saved it on the head pod's notice (`trainingrun_runtime.driver.notice`)."""
 MAX_ATTEMPT_HISTORY = 100
 MAX_LOST_WORKER_PODS = 100  # the CRD's maxItems; above departures.MAX_PER_RUN, so a remembered pod keeps its name
 POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also wake the handler)
@@ -218,6 +220,13 @@ class _Pass:
         self.emit(
             "Normal", "CheckpointRecorded", f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}"
         )
+        if ckpt.reason == PREEMPTION_NOTICE:
+            self.emit(
+                "Normal",
+                PREEMPTION_NOTICE,
+                f"attempt {ckpt.attempt} saved step {ckpt.step} on the head pod's notice (its preStop hook) and "
+                "stops; the next attempt resumes from it",
+            )
 
     def restore_error(self) -> str | None:
         report, attempt = self.status.runtime, self.attempt

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 __all__ = [
     "API_VERSION",
     "GROUP",
+    "HEAD_GRACE_SECONDS",
     "KIND",
     "PLURAL",
     "VERSION",
@@ -92,6 +93,11 @@ class Toleration(_Wire):
     toleration_seconds: int | None = None
 
 
+HEAD_GRACE_SECONDS = 30
+"""spec.ray.head.terminationGracePeriodSeconds by default: Kubernetes' own default, room for a step and a save of
+the example (a few seconds) with time to spare."""
+
+
 class RayGroup(_Wire):
     """The head group: one pod, which runs all of the run's state (driver, controller, trainer, TransferQueue)."""
 
@@ -99,6 +105,8 @@ class RayGroup(_Wire):
     ray_start_params: dict[str, str] | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
+    termination_grace_period_seconds: int = Field(default=HEAD_GRACE_SECONDS, ge=0, le=3600)
+    """The head pod's grace period: its preStop hook asks the driver to save and stop within it (`notice`)."""
 
 
 class WorkerGroup(_Wire):
@@ -110,6 +118,7 @@ class WorkerGroup(_Wire):
     ray_start_params: dict[str, str] | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
+    termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=3600)
 
 
 class RayClusterShape(_Wire):
@@ -207,6 +216,8 @@ class CheckpointRecord(_Wire):
     replay_digest: str | None = None
     weights_sha256: str | None = None
     time: str
+    reason: str | None = None
+    """Periodic, Final or PreemptionNotice (None: a driver from before reasons were reported)."""
 
 
 class RuntimeReport(_Wire):

@@ -60,6 +60,7 @@ class PodObservation:
     disruption: str = (
         ""  # reason of a True DisruptionTarget condition: PreemptionByScheduler, EvictionByEvictionAPI, ...
     )
+    deletion_deadline: datetime.datetime | None = None  # a deleted pod's deletionTimestamp: its grace period's end
     node_name: str = ""
     node_ready: bool | None = None  # None: not scheduled or not known
     node_ready_changed: datetime.datetime | None = None  # the node's Ready condition's lastTransitionTime
@@ -131,14 +132,21 @@ def node_ready(node: Mapping[str, Any] | None) -> bool | None:
     return None
 
 
+def _time(value: Any) -> datetime.datetime | None:
+    """A Kubernetes timestamp, None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return timestamps.parse(str(value))
+    except ValueError:
+        return None
+
+
 def node_ready_changed(node: Mapping[str, Any] | None) -> datetime.datetime | None:
     """When a node's Ready condition last changed (its lastTransitionTime); None when absent or unreadable."""
     for cond in ((node or {}).get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
-            try:
-                return timestamps.parse(str(cond.get("lastTransitionTime")))
-            except ValueError:
-                return None
+            return _time(cond.get("lastTransitionTime"))
     return None
 
 
@@ -170,6 +178,7 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         node_type=str((meta.get("labels") or {}).get("ray.io/node-type", "")),
         phase=str(status.get("phase") or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_deadline=_time(meta.get("deletionTimestamp")),
         reason=str(status.get("reason") or ""),
         disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
         node_name=node_name,

@@ -10,7 +10,9 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
       spec.rayClusterSpec
         headGroupSpec            one pod, the per-run ServiceAccount (the driver patches status.runtime); it runs
-                                 the driver and everything that holds run state (pinned there by the driver)
+                                 the driver and everything that holds run state (pinned there by the driver);
+                                 terminationGracePeriodSeconds from the spec, and a preStop hook that asks the
+                                 driver to save and stop within it (`trainingrun_runtime.driver.notice`)
         workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted; rayStartParams
                                  resources += {"trainingrun_generation": 1000}: only generation workers ask for it
         every pod                the checkpoint PVC at /checkpoints, labels run + attempt
@@ -36,6 +38,7 @@ __all__ = [
     "build_rayjob",
     "checkpoint_root",
     "entrypoint",
+    "notice_hook",
 ]
 
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -112,27 +115,48 @@ def _worker_start_params(group: model.WorkerGroup) -> dict[str, str]:
     return params
 
 
+def notice_hook(run: str, attempt: int, spec: model.TrainingRunSpec) -> list[str]:
+    """The head container's preStop command: ask the driver to save and stop within the grace period."""
+    return [
+        "python",
+        "-m",
+        "trainingrun_runtime.driver.notice",
+        "--root",
+        checkpoint_root(spec),
+        "--run",
+        run,
+        "--attempt",
+        str(attempt),
+        "--grace-seconds",
+        str(spec.ray.head.termination_grace_period_seconds),
+    ]
+
+
 def _pod_template(
     spec: model.TrainingRunSpec,
     labels: dict[str, str],
     container: str,
     group: model.RayGroup | model.WorkerGroup,
     service_account: str | None,
+    pre_stop: list[str] | None = None,
 ) -> dict[str, Any]:
+    ray: dict[str, Any] = {
+        "name": container,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "resources": _resources(group.resources),
+        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT}],
+    }
+    if pre_stop is not None:
+        ray["lifecycle"] = {"preStop": {"exec": {"command": pre_stop}}}
     pod: dict[str, Any] = {
-        "containers": [
-            {
-                "name": container,
-                "image": spec.image,
-                "imagePullPolicy": spec.image_pull_policy,
-                "resources": _resources(group.resources),
-                "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT}],
-            }
-        ],
+        "containers": [ray],
         "volumes": [
             {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc.claim_name}}
         ],
     }
+    if group.termination_grace_period_seconds is not None:
+        pod["terminationGracePeriodSeconds"] = group.termination_grace_period_seconds
     if service_account is not None:
         pod["serviceAccountName"] = service_account
     else:
@@ -155,7 +179,9 @@ def build_rayjob(
         "rayVersion": spec.ray.ray_version,
         "headGroupSpec": {
             "rayStartParams": head_params,
-            "template": _pod_template(spec, labels, CONTAINER_HEAD, head, naming.identity_name(run)),
+            "template": _pod_template(
+                spec, labels, CONTAINER_HEAD, head, naming.identity_name(run), notice_hook(run, attempt, spec)
+            ),
         },
     }
     workers = [

@@ -482,3 +482,50 @@ def test_rayjob_observation_reads_kuberay_status_and_the_exit_code_in_its_messag
     seen = observation.rayjob_observation(job)
     assert (seen.deployment_status, seen.job_status, seen.reason) == ("Failed", "FAILED", "AppFailed")
     assert observation.exit_code_from_message(seen.message) == 3
+
+
+def soon(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+EVICTED_HEAD = dataclasses.replace(HEAD, disruption="EvictionByEvictionAPI", deleting=True, deletion_deadline=soon(20))
+
+
+def test_an_evicted_head_in_its_grace_period_keeps_the_attempt_going_until_the_grace_ends() -> None:
+    observed = obs(pods=(EVICTED_HEAD, WORKER))
+    assert classify(observed, ctx()) is None  # the driver may be saving on the notice
+    assert grace_left(observed, ctx()) == pytest.approx(25.0)  # 20 s of grace, 5 s for the kill to show
+
+
+def test_an_evicted_head_past_its_grace_period_is_preempted() -> None:
+    observed = obs(pods=(EVICTED_HEAD, WORKER))
+    outcome = classify(observed, ctx(now=soon(26)))
+    assert outcome is not None and outcome.failure is PRE
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [
+        obs(job=failed_job("Job entrypoint command failed with exit code 5"), pods=(EVICTED_HEAD,)),
+        obs(pods=(dataclasses.replace(EVICTED_HEAD, phase="Failed"),)),
+        obs(pods=(dataclasses.replace(EVICTED_HEAD, node_ready=False),)),
+    ],
+    ids=["the driver stopped", "the container ended", "the node is down"],
+)
+def test_an_evicted_head_whose_driver_cannot_save_any_more_ends_the_attempt_at_once(
+    observed: AttemptObservation,
+) -> None:
+    outcome = classify(observed, ctx())
+    assert outcome is not None and outcome.failure is PRE
+
+
+def test_a_driver_that_saved_on_the_notice_and_stopped_is_preempted() -> None:
+    outcome = classify(obs(job=failed_job("Preempted: saved step 12 on the notice")), ctx())
+    assert outcome is not None and outcome.failure is PRE and "notice" in outcome.detail
+    outcome = classify(obs(job=failed_job("Job entrypoint command failed with exit code 5")), ctx())
+    assert outcome is not None and outcome.failure is PRE
+
+
+def test_pod_observation_reads_the_end_of_a_deleted_pods_grace_period() -> None:
+    pod = {"metadata": {"name": "h", "deletionTimestamp": "2025-01-01T12:00:20Z"}, "status": {"phase": "Running"}}
+    assert observation.pod_observation(pod, None).deletion_deadline == soon(20)

@@ -121,6 +121,7 @@ def test_status_declares_every_field_of_the_runtime_contract() -> None:
         "replayDigest",
         "weightsSha256",
         "time",
+        "reason",
     }
 
 

@@ -768,3 +768,41 @@ def test_a_head_being_deleted_on_a_not_ready_node_ends_the_attempt_at_once_as_pr
     progress(store)
     store.decide(head_not_ready(1, store.now, deleting=True))
     assert store.phase == "Restarting" and store.status["reason"] == "Preempted"
+
+
+def evicted_in_grace(n: int, grace_ends: datetime.datetime) -> AttemptObservation:
+    """The head pod evicted through the Eviction API, its preStop hook running until `grace_ends`."""
+    head = PodObservation(
+        name=f"tiny-a{n}-head",
+        node_type="head",
+        phase="Running",
+        node_ready=True,
+        disruption="EvictionByEvictionAPI",
+        deleting=True,
+        deletion_deadline=grace_ends,
+    )
+    job = RayJobObservation(name=f"tiny-a{n}", deployment_status="Running", job_status="RUNNING")
+    return AttemptObservation(number=n, rayjob=job, pods=(head,))
+
+
+def test_a_checkpoint_saved_on_the_heads_notice_is_recorded_and_the_attempt_loses_no_step() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    store.status["runtime"]["step"] = 13  # a progress report: three steps past the recorded checkpoint
+    grace_ends = store.now + datetime.timedelta(seconds=30)
+    result = store.decide(evicted_in_grace(1, grace_ends))
+    assert store.phase == "Running" and result.requeue_after is not None and result.requeue_after <= 35
+    store.report(1, 13)
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "PreemptionNotice"
+    result = store.decide(evicted_in_grace(1, grace_ends))
+    assert any(isinstance(a, Event) and a.reason == "PreemptionNotice" for a in result.actions)
+    assert store.status["checkpoints"]["latest"]["reason"] == "PreemptionNotice"
+    store.decide(preempted(1))  # the hook answered; the driver stopped; the pod goes
+    assert store.phase == "Restarting"
+    assert store.status["attempts"][-1]["reason"] == "Preempted"
+    assert store.status["attempts"][-1]["stepsLost"] == 0
+    store.now += datetime.timedelta(seconds=60)
+    (create,) = creates(store.decide(gone(1)))
+    assert create.resume == 13

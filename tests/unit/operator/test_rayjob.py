@@ -202,3 +202,40 @@ def test_the_cluster_example_puts_generation_on_its_workers_and_waits_the_defaul
     argv = shlex.split(rayjob.entrypoint("r", "ns", 1, None, spec_of("cluster.yaml")))
     config = json.loads(argv[argv.index("--config-json") + 1])
     assert config["generation"] == {"onWorkerGroups": True, "replacementSeconds": 300.0}
+
+
+def test_the_head_asks_the_driver_to_save_on_its_notice_within_its_grace_period() -> None:
+    spec = spec_of("cluster.yaml")
+    body = rayjob.build_rayjob("reverse-digits", "ns", "u", 3, None, spec)
+    head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] == model.HEAD_GRACE_SECONDS
+    hook = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:3] == ["python", "-m", "trainingrun_runtime.driver.notice"]
+    args = dict(zip(hook[3::2], hook[4::2], strict=True))
+    assert args == {
+        "--root": rayjob.checkpoint_root(spec),
+        "--run": "reverse-digits",
+        "--attempt": "3",
+        "--grace-seconds": str(model.HEAD_GRACE_SECONDS),
+    }
+
+
+def test_the_grace_periods_come_from_the_spec_and_workers_get_no_hook() -> None:
+    spec = spec_of("cluster.yaml").wire()
+    spec["ray"]["head"]["terminationGracePeriodSeconds"] = 90
+    spec["ray"]["workers"][0]["terminationGracePeriodSeconds"] = 5
+    body = rayjob.build_rayjob("r", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(spec))
+    cluster = body["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] == 90
+    assert head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1] == "90"
+    assert worker["terminationGracePeriodSeconds"] == 5
+    assert "lifecycle" not in worker["containers"][0]
+
+
+def test_a_worker_group_without_a_grace_period_leaves_kubernetes_default() -> None:
+    body = rayjob.build_rayjob("r", "ns", "u", 1, None, spec_of("cluster.yaml"))
+    assert (
+        "terminationGracePeriodSeconds" not in body["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    )

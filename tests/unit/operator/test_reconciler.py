@@ -198,7 +198,7 @@ async def test_a_deleted_head_seen_as_a_disruption_target_is_preempted_even_if_t
     head = {
         "metadata": {
             "name": "tiny-a1-head",
-            "deletionTimestamp": "2025-01-01T00:00:00Z",
+            "deletionTimestamp": "2024-12-31T23:59:50Z",
             "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1", "ray.io/node-type": "head"},
         },
         "spec": {},
