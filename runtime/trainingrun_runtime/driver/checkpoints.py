@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,9 +40,16 @@ from trainingrun_runtime.storage import fence, layout, retention
 if TYPE_CHECKING:
     from trainingrun_runtime.driver.controller import SingleControllerActorArgs
 
-__all__ = ["Checkpoints"]
+__all__ = ["FINAL", "PERIODIC", "PREEMPTION_NOTICE", "Checkpoints"]
 
 log = logging.getLogger(__name__)
+
+PERIODIC = "Periodic"
+"""A checkpoint's reason: every checkpoint.save_period steps."""
+FINAL = "Final"
+"""A checkpoint's reason: the run's last step."""
+PREEMPTION_NOTICE = "PreemptionNotice"
+"""A checkpoint's reason: the head pod was being deleted and asked for it (`notice`)."""
 
 
 class Checkpoints:
@@ -63,17 +71,27 @@ class Checkpoints:
         )
         self._commit: asyncio.Task[None] | None = None
         self._saving_step = -1
+        self.save_s: float | None = None
+        """How long this attempt's latest save took, from its begin to its report (None: none yet)."""
         self.last: reporting.CheckpointReport | None = args.restored.last_checkpoint
         """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
         self.exclusive_s: list[float] = []
         """The barrier's exclusive window of each checkpoint this attempt committed (seconds)."""
 
-    async def save(self, step: int, reward: float, capture: Callable[[], Mapping[str, Any]]) -> None:
+    @property
+    def committing(self) -> int | None:
+        """The step whose background commit is under way (None: none is)."""
+        return self._saving_step if self._commit is not None and not self._commit.done() else None
+
+    async def save(
+        self, step: int, reward: float | None, capture: Callable[[], Mapping[str, Any]], reason: str = PERIODIC
+    ) -> None:
         """Write step N: the policy and the barrier cut now, the commit in the background (see the module)."""
         a = self._args
         await self.settle()  # one save at a time: begin() cleans every tmp_step_* it finds
         self._fence("begin a save")  # begin() would clean a newer attempt's unfinished tmp_step_*
         self._saving_step = step
+        started = time.monotonic()
         pending = await asyncio.to_thread(self._saver.begin, step)
         try:
             weights_sha = await a.trainers.save(pending.path / layout.POLICY)
@@ -87,7 +105,7 @@ class Checkpoints:
             pending.abort()
             raise
         self._commit = asyncio.create_task(
-            self._finish(pending, snap, step, reward, weights_sha), name=f"checkpoint-commit-{step}"
+            self._finish(pending, snap, step, reward, weights_sha, reason, started), name=f"checkpoint-commit-{step}"
         )
 
     async def settle(self) -> None:
@@ -105,14 +123,26 @@ class Checkpoints:
                 raise error
 
     async def _finish(
-        self, pending: checkpointer.PendingCheckpoint, snap: checkpointer.Snapshot, step: int, reward: float, sha: str
+        self,
+        pending: checkpointer.PendingCheckpoint,
+        snap: checkpointer.Snapshot,
+        step: int,
+        reward: float | None,
+        sha: str,
+        reason: str,
+        started: float,
     ) -> None:
         """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
         a = self._args
         try:
             loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
             await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
-            extra = {"config_math": config.math_fields(a.config), "reward": reward, "exclusive_s": snap.exclusive_s}
+            extra = {
+                "config_math": config.math_fields(a.config),
+                "reward": reward,
+                "exclusive_s": snap.exclusive_s,
+                "reason": reason,
+            }
             self._fence(f"rename tmp_step_{step}")
             path = await asyncio.to_thread(
                 lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
@@ -122,12 +152,13 @@ class Checkpoints:
             raise
         self.last = reporting.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, time=timestamps.now(),
+            weightsSha256=sha, time=timestamps.now(), reason=reason,
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
         a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
-                         exclusive_s=snap.exclusive_s)  # fmt: skip
+                         exclusive_s=snap.exclusive_s, reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
+        self.save_s = time.monotonic() - started
         a.crash.reach("reported", step)
         await self._retain(path)
 

@@ -19,6 +19,11 @@
     reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
     after a step (step, reward), one at a time and in order (reporting.ProgressReports)
 
+    preemption notice (`notice`; the head pod's preStop hook asks, a task looks every POLL_S): at the next step
+      boundary a save of the newest step, if it fits before the deadline (a save of that step already under way
+      or done counts: one checkpoint, not two; a selected batch is trained first only if the step and the save
+      both fit), then the answer to the hook, and the pump stops: `run()` returns with `notice` set (exit 5)
+
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
 (connect-only client, barrier, replay buffer, checkpoint pipeline), rebuilds the replay
@@ -42,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any, cast
 
 import torch
@@ -56,6 +62,7 @@ from trainingrun_runtime.driver import (
     crashpoints,
     events,
     generation_workers,
+    notice,
     placement,
     reporting,
     restore,
@@ -128,6 +135,8 @@ class RunResult:
     last_checkpoint: reporting.CheckpointReport | None
     exclusive_s: list[float]
     """The barrier's exclusive window of each checkpoint this attempt wrote (seconds)."""
+    notice: notice.Answer | None = None
+    """Set when the run stopped on the head pod's preemption notice: what it saved (the driver exits 5)."""
 
 
 class SingleController:
@@ -146,6 +155,9 @@ class SingleController:
         self._rows_ready = asyncio.Event()
         self.version = a.sampler.step
         self.rewards: list[float] = []
+        self._notice: notice.Notice | None = None
+        self._answer: notice.Answer | None = None
+        self._step_s: float | None = None
         self.fleet = generation_workers.Fleet(
             a.generators,
             spawn=self._spawn_generator,
@@ -156,21 +168,24 @@ class SingleController:
         tasks = {
             asyncio.create_task(self._train_pump(), name="train-pump"),
             asyncio.create_task(self.fleet.watch(), name="generation-watch"),
+            asyncio.create_task(self._watch_notice(), name="notice-watch"),
         }
         for i in range(2 * len(self.fleet.slots)):
             slot = self.fleet.slots[i % len(self.fleet.slots)]
             tasks.add(asyncio.create_task(self._rollout_lane(slot), name=f"rollout-lane-{i}"))
         a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
+        notice.listen(a.root, a.run, a.attempt)  # from here on, the head's preStop hook waits for an answer
         try:
             await _supervise(tasks, until="train-pump")
         finally:
+            notice.stop_listening(a.root, a.run, a.attempt)
             self.fleet.stop()
         await self.reports.drain()  # the driver's final report comes after every report of this actor
         sha = await a.trainers.weights_sha256()
         a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
         mean = None if not self.rewards else self.rewards[-1]
         ckpt = self.checkpoints
-        return RunResult(a.sampler.step, sha, mean, list(self.rewards), ckpt.last, list(ckpt.exclusive_s))
+        return RunResult(a.sampler.step, sha, mean, list(self.rewards), ckpt.last, list(ckpt.exclusive_s), self._answer)
 
     async def _attach(self) -> None:
         """The process-bound plumbing from the restore's token, and the replay index rebuilt, before any pump."""
@@ -270,7 +285,8 @@ class SingleController:
 
     # -- training -------------------------------------------------------------------------------
 
-    async def _next_selection(self) -> samplers.Selection:
+    async def _next_selection(self) -> samplers.Selection | None:
+        """The sampler's next selection, once the committed rows allow one; None when a notice came meanwhile."""
         a = self.args
         while True:
             self._rows_ready.clear()
@@ -278,18 +294,28 @@ class SingleController:
             selection = a.sampler.select(committed)
             if selection is not None:
                 return selection
+            if self._notice is not None:
+                return None
             await self._rows_ready.wait()
 
     async def _train_pump(self) -> None:
         a = self.args
         tcfg = a.config.trainer
         while a.sampler.step < tcfg.steps:
+            if (found := self._noticed()) is not None:
+                await self._stop_on_notice(found)
+                return
             self.checkpoints.raise_if_failed()
             selection = await self._next_selection()
+            if selection is None:
+                continue
             if selection.drop:
                 await self._drop(selection.drop)
             if not selection.train:
                 continue
+            if (found := self._noticed()) is not None and not self._step_fits(found):
+                continue  # the batch stays committed; the boundary saves without this step
+            started = time.monotonic()
             step = a.sampler.step
             keys = [sid for uid in selection.train for sid in group_rows(uid, tcfg.grpo.group_size).sample_ids]
             reward = await self._advantage_stage(keys, len(selection.train))
@@ -306,9 +332,64 @@ class SingleController:
             self.reports.step_done()  # status.runtime.step, in the background, at most once per period
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
-            if done % a.config.checkpoint.save_period == 0 or done == tcfg.steps:
-                await self.checkpoints.save(done, reward, self._capture)
+            self._step_s = time.monotonic() - started
+            if done == tcfg.steps:
+                await self.checkpoints.save(done, reward, self._capture, checkpoints.FINAL)
+            elif done % a.config.checkpoint.save_period == 0:
+                await self.checkpoints.save(done, reward, self._capture, checkpoints.PERIODIC)
         await self.checkpoints.settle()
+        if self._notice is not None:  # it came with the last step: the final checkpoint answers it
+            notice.answer(a.root, a.run, a.attempt, notice.Answer(a.sampler.step, "the run finished"))
+
+    # -- preemption notice ----------------------------------------------------------------------
+
+    def _noticed(self) -> notice.Notice | None:
+        """The head pod's notice, if it came (a file read: the pump asks at every step boundary)."""
+        if self._notice is None:
+            a = self.args
+            found = notice.pending(a.root, a.run, a.attempt)
+            if found is not None:
+                self._notice = found
+                a.event_log.emit("notice", reason=found.reason, seconds_left=round(found.deadline - time.time(), 3))
+                log.warning("preemption notice (%s): saving at the next step boundary if it fits", found.reason)
+                self._rows_ready.set()  # a pump waiting for rows looks again
+        return self._notice
+
+    async def _watch_notice(self) -> None:
+        """Look for the notice every POLL_S, for a pump that waits for rows. Runs until the pump ends."""
+        while self._noticed() is None:
+            await asyncio.sleep(notice.POLL_S)
+        await asyncio.Event().wait()
+
+    def _step_fits(self, n: notice.Notice) -> bool:
+        """Whether one more train step and then a save end before the notice's deadline."""
+        return notice.time_for_a_save(time.time(), n.deadline, self.checkpoints.save_s, self._step_s or 0.0)
+
+    async def _stop_on_notice(self, n: notice.Notice) -> None:
+        """At a step boundary after the notice: make sure the newest step is saved if that fits, then answer."""
+        a, ckpt = self.args, self.checkpoints
+        step = a.sampler.step
+        answer = notice.Answer(step=None, why="")
+        try:
+            under_way = ckpt.committing
+            await ckpt.settle()  # a save under way finishes either way (an older step's is still worth having)
+            if ckpt.last is not None and ckpt.last["step"] == step:  # one checkpoint of this step, not two
+                how = "was being saved when the notice came" if under_way == step else "was saved already"
+                answer = notice.Answer(step, f"step {step} {how}")
+            elif notice.time_for_a_save(time.time(), n.deadline, ckpt.save_s):
+                reward = self.rewards[-1] if self.rewards else None
+                await ckpt.save(step, reward, self._capture, checkpoints.PREEMPTION_NOTICE)
+                await ckpt.settle()
+                saved = ckpt.last is not None and ckpt.last["step"] == step
+                answer = notice.Answer(step if saved else None, "saved on the notice" if saved else "save abandoned")
+            else:
+                left = n.deadline - time.time()
+                answer = notice.Answer(None, f"no time for a save ({left:.1f}s left; a save takes {ckpt.save_s}s)")
+        finally:
+            self._answer = answer
+            notice.answer(a.root, a.run, a.attempt, answer)
+            a.event_log.emit("notice_answered", step=answer.step, why=answer.why, at_step=step)
+        log.warning("stopping at step %d on the notice: %s", step, answer.why)
 
     async def _return(self, uid: int) -> None:
         """A prompt whose worker was lost goes back to the queue: its reservation dropped, nothing was stored."""

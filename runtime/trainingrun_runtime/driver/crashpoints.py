@@ -1,6 +1,6 @@
 """Crash points: freeze the process at a named place so a test can SIGKILL it exactly there.
 
-    TRAININGRUN_CRASH_AT="<point>@<step>[,<point>@<step>...]"      e.g. "data_plane_saved@4"
+    TRAININGRUN_CRASH_AT="<point>@<step>[~<seconds>][,...]"      e.g. "data_plane_saved@4", "trained@5~4"
 
 Points (in the order a step passes them): `trained` (after the optimizer step, before
 the consumed rows are cleared), then in a save `begun`, `policy_saved`,
@@ -9,7 +9,10 @@ the consumed rows are cleared), then in a save `begun`, `policy_saved`,
 `old_moved`, `renamed`, `parent_synced`, `old_removed`) and `reported`. The step of a
 save's points is the checkpoint's step. On reaching an armed point the process writes
 `<marker_dir>/crashed-at-<point>@<step>` and blocks forever; the test waits for that
-file and kills the whole process group, which is what a pod kill does. Unarmed
+file and kills the whole process group, which is what a pod kill does. A point armed
+with `~<seconds>` holds instead: it writes `<marker_dir>/held-at-<point>@<step>`, sleeps
+that long (the whole process stalls, as in a slow step or save) and goes on, so that a
+test can act at that moment (a preemption notice during a save). Unarmed
 points cost one dict lookup. The spec is read on the driver and handed to the
 controller, so it does not depend on environment propagation. Pure standard library.
 """
@@ -32,12 +35,14 @@ class CrashPoints:
     """The armed (point, step) pairs and where to drop the marker."""
 
     def __init__(self, spec: str | None, marker_dir: str | os.PathLike[str]) -> None:
-        self.armed: set[tuple[str, int]] = set()
+        self.armed: dict[tuple[str, int], float | None] = {}
+        """(point, step) -> seconds to hold there, or None to freeze until killed."""
         self.marker_dir = str(marker_dir)
         for item in (spec or "").split(","):
             if item.strip():
-                point, _, step = item.strip().partition("@")
-                self.armed.add((point, int(step)))
+                point, _, rest = item.strip().partition("@")
+                step, _, hold = rest.partition("~")
+                self.armed[(point, int(step))] = float(hold) if hold else None
 
     @classmethod
     def from_env(cls, marker_dir: str | os.PathLike[str]) -> CrashPoints:
@@ -48,9 +53,14 @@ class CrashPoints:
         """Freeze here if (point, step) is armed."""
         if (point, step) not in self.armed:
             return
-        marker = Path(self.marker_dir) / f"crashed-at-{point}@{step}"
+        hold = self.armed[(point, step)]
+        marker = Path(self.marker_dir) / f"{'crashed' if hold is None else 'held'}-at-{point}@{step}"
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(str(os.getpid()))
+        if hold is not None:
+            log.warning("crash point %s@%d reached: holding for %g s", point, step, hold)
+            time.sleep(hold)
+            return
         log.warning("crash point %s@%d reached: freezing until killed", point, step)
         while True:
             time.sleep(3600)

@@ -3,6 +3,7 @@
     parse args + config ──bad──► exit 2
     setup_single_controller() ──RestoreFailed──► report restoreError, stderr "RestoreFailed: …", exit 3
     actor.run() ──GenerationLost──► stderr "GenerationLost: …", exit 4 (no generation worker came back in time)
+               ──stopped on the head's preemption notice──► report, stderr "Preempted: …", exit 5
                ──error──► exit 1 (its original error is logged)
     final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
 
@@ -13,7 +14,7 @@
 Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
 (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
 This is the only module that prints (the final `RestoreFailed:` or `GenerationLost:` line) or sets up
-logging. The operator classifies an attempt by these exit codes (3: FailedRestore, 4: Preempted).
+logging. The operator classifies an attempt by these exit codes (3: FailedRestore, 4 and 5: Preempted).
 """
 
 from __future__ import annotations
@@ -29,13 +30,23 @@ from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import events, reporting, setup
 from trainingrun_runtime.errors import DigestError, GenerationLost, PreflightError, RestoreFailed, Superseded
 
-__all__ = ["EXIT_BAD_CONFIG", "EXIT_FAILED", "EXIT_GENERATION_LOST", "EXIT_OK", "EXIT_RESTORE_FAILED", "main", "parse"]
+__all__ = [
+    "EXIT_BAD_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_GENERATION_LOST",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "EXIT_RESTORE_FAILED",
+    "main",
+    "parse",
+]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 EXIT_GENERATION_LOST = 4
+EXIT_PREEMPTED = 5
 
 log = logging.getLogger(__name__)
 
@@ -148,11 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             updated=timestamps.now(),
             lastCheckpoint=result.last_checkpoint,
             restoreError=None,
-            finished=True,
+            finished=result.notice is None,
         )
     )
-    log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
     _close(built)
+    if result.notice is not None:
+        saved = "nothing" if result.notice.step is None else f"step {result.notice.step}"
+        print(f"Preempted: stopped at step {result.step} on the head pod's notice; saved {saved} "
+              f"({result.notice.why})", file=sys.stderr)  # fmt: skip
+        return EXIT_PREEMPTED
+    log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
     return EXIT_OK
 
 

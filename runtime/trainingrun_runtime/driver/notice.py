@@ -14,7 +14,9 @@
 
 Files, not Ray calls: the hook is a short standard-library process that starts in milliseconds and needs no Ray
 connection, and the run directory is on the checkpoint volume that the head mounts. The hook always exits 0:
-Kubernetes goes on with the deletion either way. Standard library only.
+Kubernetes goes on with the deletion either way. It waits only while a controller listens (`listen` wrote its pid
+in notice-listener.json and that process lives): a head deleted before the driver started, or after it ended (the
+cluster's own teardown), goes at once instead of holding its pod for the grace period. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,21 +34,28 @@ from trainingrun_runtime import timestamps
 
 __all__ = [
     "ANSWER_FILE",
+    "LISTENER_FILE",
     "MARGIN_S",
     "POLL_S",
     "REQUEST_FILE",
     "Answer",
     "Notice",
     "answer",
+    "listen",
+    "listening",
     "main",
     "pending",
     "request",
+    "stop_listening",
     "time_for_a_save",
     "wait_for_answer",
 ]
 
 REQUEST_FILE: Final = "notice.json"
 ANSWER_FILE: Final = "notice-answer.json"
+LISTENER_FILE: Final = "notice-listener.json"
+UNKNOWN_SAVE_S: Final = 3.0
+"""A save's duration before this attempt has timed one (the example's save takes about a second here)."""
 POLL_S: Final = 0.2
 """How often the controller looks for a request, and the hook for the answer."""
 MARGIN_S: Final = 2.0
@@ -100,8 +109,34 @@ def answer(root: str | os.PathLike[str], run: str, attempt: int, result: Answer)
     _write(_dir(root, run, attempt) / ANSWER_FILE, {"step": result.step, "why": result.why, "at": timestamps.now()})
 
 
+def listen(root: str | os.PathLike[str], run: str, attempt: int) -> None:
+    """Say that this process answers notices for `attempt` (the controller, once its pumps start)."""
+    _write(_dir(root, run, attempt) / LISTENER_FILE, {"pid": os.getpid(), "at": timestamps.now()})
+
+
+def stop_listening(root: str | os.PathLike[str], run: str, attempt: int) -> None:
+    """Withdraw `listen` (the run ended or stopped): a hook from now on returns at once."""
+    try:
+        (_dir(root, run, attempt) / LISTENER_FILE).unlink()
+    except OSError:
+        pass
+
+
+def listening(root: str | os.PathLike[str], run: str, attempt: int) -> bool:
+    """Whether a live process listens for `attempt`'s notice (same machine and pid namespace: the head pod)."""
+    try:
+        pid = int(json.loads((_dir(root, run, attempt) / LISTENER_FILE).read_text())["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    try:  # a zombie (dead, not yet reaped) answers kill(0) too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: the signal said enough
+
+
 def wait_for_answer(root: str | os.PathLike[str], run: str, attempt: int, deadline: float) -> Answer | None:
-    """The driver's answer, once it is there, or None at the deadline."""
+    """The driver's answer, once it is there; None at the deadline or once no controller listens."""
     path = _dir(root, run, attempt) / ANSWER_FILE
     while True:
         try:
@@ -109,20 +144,16 @@ def wait_for_answer(root: str | os.PathLike[str], run: str, attempt: int, deadli
             return Answer(raw.get("step"), str(raw.get("why", "")))
         except (OSError, ValueError, TypeError):
             pass
-        if time.time() >= deadline:
+        if time.time() >= deadline or not listening(root, run, attempt):
             return None
         time.sleep(POLL_S)
 
 
 def time_for_a_save(now: float, deadline: float, save_s: float | None, step_s: float | None = None) -> bool:
-    """Whether a save (taking about `save_s`, after a step in flight taking about `step_s`) ends before `deadline`.
-
-    Unknown durations (no save yet in this attempt) are taken as a quarter of the time left: a save is tried when
-    there are at least a few seconds, and skipped when the notice left almost nothing.
-    """
-    left = deadline - now
-    expected = (save_s if save_s is not None else left / 4) + (step_s or 0.0)
-    return left > 0 and expected * 1.5 < left
+    """Whether a save (taking about `save_s`, after a step in flight taking about `step_s`) ends before `deadline`,
+    with half again as much to spare. A save not yet timed in this attempt is taken as UNKNOWN_SAVE_S."""
+    expected = (save_s if save_s is not None else UNKNOWN_SAVE_S) + (step_s or 0.0)
+    return expected * 1.5 < deadline - now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reason", default="the pod is being deleted (preStop)")
     args = p.parse_args(argv)
     deadline = time.time() + max(0.0, args.grace_seconds - MARGIN_S)
+    if not listening(args.root, args.run, args.attempt):
+        print(
+            "notice: no driver listens for this attempt (not started yet, or ended); nothing to save", file=sys.stderr
+        )
+        return 0
     try:
         request(args.root, args.run, args.attempt, deadline, args.reason)
         result = wait_for_answer(args.root, args.run, args.attempt, deadline)

@@ -33,7 +33,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from trainingrun_runtime.storage import files
 
@@ -68,6 +68,8 @@ class CheckpointReport(TypedDict):
     replayDigest: str
     weightsSha256: str | None
     time: str
+    reason: NotRequired[str]
+    """Why it was written: Periodic, Final or PreemptionNotice (`checkpoints.REASONS`)."""
 
 
 class RuntimeStatus(TypedDict):

@@ -121,19 +121,22 @@ def restore(
     except Exception as e:
         raise RestoreFailed(getattr(e, "cause", None) or e) from e
     m = chosen.manifest
+    last = reporting.CheckpointReport(
+        step=m.step,
+        path=str(chosen.verified.path),
+        attempt=m.attempt,
+        replayDigest=m.replay_digest,
+        weightsSha256=m.weights_sha256,
+        time=m.created,
+    )
+    if "reason" in m.extra:  # bundles from before reasons were recorded have none
+        last["reason"] = str(m.extra["reason"])
     return Restored(
         token=token,
         step=m.step,
         replay_state=dict(chosen.replay_state),
         replay_digest=m.replay_digest,
-        last_checkpoint=reporting.CheckpointReport(
-            step=m.step,
-            path=str(chosen.verified.path),
-            attempt=m.attempt,
-            replayDigest=m.replay_digest,
-            weightsSha256=m.weights_sha256,
-            time=m.created,
-        ),
+        last_checkpoint=last,
     )
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ def test_a_torn_request_counts_as_none(tmp_path: Path) -> None:
 
 
 def test_the_hook_gets_the_answer_the_driver_writes(tmp_path: Path) -> None:
+    notice.listen(tmp_path, "run", 1)
+
     def answer_soon() -> None:
         time.sleep(0.3)
         notice.answer(tmp_path, "run", 1, notice.Answer(step=8, why="saved"))
@@ -35,10 +40,12 @@ def test_the_hook_gets_the_answer_the_driver_writes(tmp_path: Path) -> None:
 
 
 def test_the_hook_gives_up_at_the_deadline(tmp_path: Path) -> None:
+    notice.listen(tmp_path, "run", 1)
     assert notice.wait_for_answer(tmp_path, "run", 1, deadline=time.time() + 0.3) is None
 
 
 def test_the_hook_exits_zero_even_with_no_answer(tmp_path: Path) -> None:
+    notice.listen(tmp_path, "r", 1)
     code = notice.main(["--root", str(tmp_path), "--run", "r", "--attempt", "1", "--grace-seconds", "2.2"])
     assert code == 0
     assert notice.pending(tmp_path, "r", 1) is not None
@@ -58,3 +65,30 @@ def test_a_passed_deadline_allows_no_save() -> None:
 
 def test_an_unknown_save_time_is_tried_when_there_are_seconds_left() -> None:
     assert notice.time_for_a_save(now=0.0, deadline=8.0, save_s=None)
+
+
+def test_the_hook_returns_at_once_when_no_driver_listens(tmp_path: Path) -> None:
+    started = time.monotonic()
+    assert notice.main(["--root", str(tmp_path), "--run", "r", "--attempt", "1", "--grace-seconds", "30"]) == 0
+    assert time.monotonic() - started < 1
+    assert notice.pending(tmp_path, "r", 1) is None  # nobody to ask
+
+
+def test_the_hook_stops_waiting_when_the_listener_dies(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    listener = tmp_path / "r" / "attempts" / "1" / notice.LISTENER_FILE
+    listener.parent.mkdir(parents=True)
+    listener.write_text(json.dumps({"pid": child.pid}))
+    assert notice.listening(tmp_path, "r", 1)
+    threading.Timer(0.3, child.kill).start()
+    started = time.monotonic()
+    assert notice.wait_for_answer(tmp_path, "r", 1, deadline=time.time() + 30) is None
+    assert time.monotonic() - started < 5
+    child.wait()
+
+
+def test_a_withdrawn_listener_no_longer_listens(tmp_path: Path) -> None:
+    notice.listen(tmp_path, "r", 1)
+    assert notice.listening(tmp_path, "r", 1)
+    notice.stop_listening(tmp_path, "r", 1)
+    assert not notice.listening(tmp_path, "r", 1)
