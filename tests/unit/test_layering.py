@@ -28,3 +28,15 @@ def test_the_operator_package_imports_without_torch_or_ray() -> None:
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == "", f"the operator pulled in {done.stdout.strip()}"
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    """pytest imports test modules by base name (rootdir-relative packages are not used), so two
+    `test_x.py` files in different folders stop the whole collection."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "rename one of each pair: " + "; ".join(clashes)
