@@ -220,13 +220,14 @@ class ControlPlane:
         return dict(body)
 
     @contextlib.contextmanager
-    def lone_node(self, prefix: str = "doomed") -> Iterator[fakenodes.LoneNode]:
-        """A `LoneNode`, Ready; afterwards its kwok is stopped and the node deleted."""
+    def lone_node(self, prefix: str = "doomed", *, stages: Path | None = None) -> Iterator[fakenodes.LoneNode]:
+        """A `LoneNode`, Ready; afterwards its kwok is stopped and the node deleted. `stages`: a file of kwok
+        Stages for its pods (see `start_kwok`)."""
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         self.create_fake_node(
             name, taints=[fakenodes.LoneNode.taint(name)], annotations={fakenodes.KWOK_ANNOTATION: name}
         )
-        kubelet = self.start_kwok(manage_single_node=name, name=f"kwok-{name}")
+        kubelet = self.start_kwok(manage_single_node=name, name=f"kwok-{name}", config=stages)
         try:
             self.wait_nodes_ready([name])
             yield fakenodes.LoneNode(name, kubelet)

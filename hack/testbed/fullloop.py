@@ -40,9 +40,12 @@ import kuberay
 import podrunner
 import proxy
 
-# kwok's default pod stages with one change: a pod turns Running with its IP but NOT Ready; the pod runner reports
+# kwok's default pod stages with two changes. A pod turns Running with its IP but NOT Ready; the pod runner reports
 # Ready once Ray answers (as a kubelet does after the readiness probe). With kwok's default (Ready at once), KubeRay
-# sees a ready head before Ray listens, calls the dashboard, fails, and backs off exponentially.
+# sees a ready head before Ray listens, calls the dashboard, fails, and backs off exponentially. And a deleted Ray
+# pod is not deleted for good by kwok at once: the pod runner runs its preStop hook, ends its processes within its
+# grace period and then deletes it, as a kubelet does (a head in its grace period is what the preemption notice
+# relies on).
 KWOK_POD_STAGES = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -84,6 +87,7 @@ spec:
   selector:
     matchExpressions:
     - {key: '.metadata.deletionTimestamp', operator: Exists}
+    - {key: '.metadata.labels["ray.io/node-type"]', operator: DoesNotExist}
   next:
     finalizers: {empty: true}
     delete: true

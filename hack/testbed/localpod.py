@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import components
+import mountpoints
 import raystart
 from trainingrun_operator import processes
 
@@ -51,6 +52,11 @@ class LocalPod:
     restart_after: float = 0.0
     routes: dict[str, int] = field(default_factory=dict)  # proxy authority -> local port
     mountpoints: list[Path] = field(default_factory=list)
+    # what the Ray container was started with, for its preStop hook (set at each launch)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    binds: list[mountpoints.Bind] = field(default_factory=list)
+    pre_stop: list[str] | None = None
 
     @property
     def key(self) -> str:

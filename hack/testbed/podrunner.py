@@ -22,11 +22,14 @@ kwok still plays the pods' phase (Running, a fake pod IP, deletion); this runner
           │                 backoff); the patch bodies are podstatus.py's
           ├── routes    ──> for every Service that selects a running head: `<svc>.<ns>.svc.cluster.local:<port>`
           │                 -> the matching local port, in the forward proxy (DNS plus kube-proxy, for KubeRay)
-          ├── endings   ──> pod deleted/evicted: SIGTERM, then SIGKILL after its grace period (capped); node
-          │                 deleted, or `kill_node` (the machine is gone): SIGKILL at once; nothing is restarted
-          │                 after that. A node that is only not Ready (its kubelet stopped posting status: a
-          │                 blip) keeps its processes running, untended, as a real machine would
-          │                 (`chaos.lapse_node`; `chaos.fail_node` also kills them)
+          ├── endings   ──> pod deleted/evicted: the container's preStop exec hook (with its env and volumes),
+          │                 SIGTERM, SIGKILL once its grace period (capped by `grace_cap`) is spent, then the
+          │                 final delete of the pod object (the bed's kwok leaves Ray pods' deletion to the
+          │                 runner, as a real control plane leaves it to the kubelet); node deleted, or
+          │                 `kill_node` (the machine is gone): SIGKILL at once; nothing is restarted after that.
+          │                 A node that is only not Ready (its kubelet stopped posting status: a blip) keeps its
+          │                 processes running, untended, as a real machine would (`chaos.lapse_node`;
+          │                 `chaos.fail_node` also kills them)
           └── provisioner ─> a hostPath PV pre-bound by claimRef for every pending PVC (provisioner.py)
 
 Every process of a pod carries localpod.POD_MARKER=<pod uid> in its environment, so a kill finds the Ray workers
@@ -71,6 +74,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
 CLUSTER_DOMAIN = "cluster.local"
 LIVE_STATES = ("starting", "ready", "backoff")
+PRE_STOP_EXTENSION_S = 2.0
+"""A preStop hook that used the whole grace period up leaves the container this long after SIGTERM (the
+kubelet's one-off extension)."""
 
 
 class RunnerError(RuntimeError):
@@ -87,7 +93,7 @@ class PodRunner:
     admin_token: str
     forward_proxy: proxy.ForwardProxy
     interval: float = 0.3
-    grace_cap: float = 10.0
+    grace_cap: float = 10.0  # the most a pod's termination may take here; a test of the notice raises it
     object_store_bytes: int = 256 * 1024 * 1024
     venv_bin: Path = VENV_BIN
     keep_workdir: bool = field(default_factory=lambda: os.environ.get("TESTBED_KEEP") == "1")
@@ -241,24 +247,27 @@ class PodRunner:
             self._record(line)
         seen = set()
         for pod in pods:
-            if not podspec.plays(pod):
-                continue
             uid = pod["metadata"]["uid"]
             seen.add(uid)
             with self._lock:
                 local = self.pods.get(uid)
             node = nodes.get(pod["spec"].get("nodeName") or "")
-            if local is None:
+            deleted = bool(pod["metadata"].get("deletionTimestamp"))
+            if deleted and (local is None or local.state in ("exited", "killed", "detached")):
+                if self._kubelet_up(node):
+                    self._remove(pod)  # nothing of it runs (any more): the kubelet's final delete
+            elif not podspec.plays(pod) or (local is not None and local.state in ("killing", "killed", "detached")):
+                continue
+            elif local is None:
                 if self._should_start(pod, node):
                     self._start(pod)
-            elif local.state in ("killing", "killed", "detached"):
-                continue
             elif node is None:
                 self._kill(local, f"node {local.node} deleted", grace=0.0, final_state="killed")
             elif not fakenodes.node_ready(node):
                 continue  # the kubelet cannot post status; the processes run on until the machine is really gone
-            elif pod["metadata"].get("deletionTimestamp"):
-                self._kill(local, "pod deleted", grace=podspec.grace_seconds(pod, self.grace_cap), final_state="killed")
+            elif deleted:
+                grace = podspec.grace_seconds(pod, self.grace_cap)
+                self._kill(local, "pod deleted", grace=grace, final_state="killed", pre_stop=True, remove=pod)
             else:
                 self._tend(local, pod)
         with self._lock:
@@ -268,11 +277,16 @@ class PodRunner:
                 self._kill(local, "pod gone", grace=local.grace_seconds, final_state="killed")
         self._sync_routes()
 
-    def _should_start(self, pod: dict[str, Any], node: dict[str, Any] | None) -> bool:
-        meta, status = pod["metadata"], pod.get("status", {})
+    @staticmethod
+    def _kubelet_up(node: dict[str, Any] | None) -> bool:
+        """Whether the runner plays the kubelet of `node` now: a kwok node that is Ready."""
         if node is None or fakenodes.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
             return False
-        if meta.get("deletionTimestamp") or not fakenodes.node_ready(node):
+        return fakenodes.node_ready(node)
+
+    def _should_start(self, pod: dict[str, Any], node: dict[str, Any] | None) -> bool:
+        meta, status = pod["metadata"], pod.get("status", {})
+        if meta.get("deletionTimestamp") or not self._kubelet_up(node):
             return False
         # kwok has played the pod (Running, pod IP): from here on, only this runner writes its status.
         if status.get("phase") != "Running" or not status.get("podIP"):
@@ -396,11 +410,13 @@ class PodRunner:
                     local.mountpoints.append(root)
             command = mountpoints.in_private_mount_namespace(command, binds)
         cwd = container.get("workingDir") or env["HOME"]
+        local.env, local.binds, local.pre_stop = env, binds, podspec.pre_stop_command(container)
+        local.cwd = cwd if Path(cwd).is_dir() else env["HOME"]
         with open(local.log_path, "wb") as log_file:
             local.process = subprocess.Popen(
                 command,
                 env=env,
-                cwd=cwd if Path(cwd).is_dir() else env["HOME"],
+                cwd=local.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -467,26 +483,87 @@ class PodRunner:
 
     # -- stopping ------------------------------------------------------------------------------------------
 
-    def _kill(self, local: localpod.LocalPod, why: str, *, grace: float, final_state: str, wait: bool = False) -> None:
-        """SIGTERM, then SIGKILL after `grace` seconds (0: SIGKILL at once), in a thread unless `wait`."""
+    def _kill(
+        self,
+        local: localpod.LocalPod,
+        why: str,
+        *,
+        grace: float,
+        final_state: str,
+        wait: bool = False,
+        pre_stop: bool = False,
+        remove: dict[str, Any] | None = None,
+    ) -> None:
+        """Ends the pod's processes in a thread (unless `wait`), as a kubelet does: the container's preStop exec
+        hook first when `pre_stop` (and the container runs), then SIGTERM, then SIGKILL once `grace` seconds have
+        passed since the start (0: SIGKILL at once; a hook that used the grace up gets PRE_STOP_EXTENSION_S
+        more). Then the pod object `remove` is deleted for good, as the kubelet's final delete."""
         with self._lock:
             if local.state in ("killing", "killed") and not wait:
                 return
             detached = local.state == "detached"
+            hook = local.pre_stop if pre_stop and grace > 0 and local.alive() else None
             local.state = "killing"
         self._drop_routes(local)
-        self._event(local, "Killing", why)
+        self._event(local, "Killing", f"{why}, grace {grace:g} s")
 
         def finish() -> None:
-            _terminate(local, grace)
+            deadline = time.monotonic() + grace
+            if hook is not None:
+                self._run_pre_stop(local, hook, timeout=grace)
+                deadline = max(deadline, time.monotonic() + PRE_STOP_EXTENSION_S)
+            _terminate(local, max(0.0, deadline - time.monotonic()) if grace > 0 else 0.0)
             self._release_mountpoints(local)  # Ray's logs stay in temp_dir until the runner stops
             local.state = final_state
             self._event(local, "Killed", f"{why} (was detached: {detached})")
+            if remove is not None:
+                self._remove(remove)
 
         if wait:
             finish()
         else:
             threading.Thread(target=finish, name=f"kill-{local.name}", daemon=True).start()
+
+    def _run_pre_stop(self, local: localpod.LocalPod, hook: list[str], *, timeout: float) -> None:
+        """The container's preStop exec hook, with the container's environment, working directory and volumes,
+        killed after `timeout` seconds; its output goes to the pod's directory (`pre-stop.log`)."""
+        command = mountpoints.in_private_mount_namespace(hook, local.binds) if local.binds else hook
+        started = time.monotonic()
+        with open(local.directory / "pre-stop.log", "ab") as out:
+            try:
+                done = subprocess.run(
+                    command,
+                    env=local.env,
+                    cwd=local.cwd or None,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    check=False,
+                )
+                outcome = f"exit code {done.returncode}"
+            except subprocess.TimeoutExpired:
+                outcome = f"killed after {timeout:g} s"
+            except OSError as err:
+                outcome = f"could not run: {err}"
+        self._event(local, "PreStop", f"{shlex.join(hook)[:200]}: {outcome} in {time.monotonic() - started:.1f} s")
+
+    def _remove(self, pod: dict[str, Any]) -> None:
+        """Deletes the pod object for good (grace 0, this uid only): what a kubelet does once nothing of the pod
+        runs. Without it the pod would stay Terminating, as the bed's kwok leaves Ray pods' deletion to us."""
+        meta = pod["metadata"]
+        status, answer = self._api.request(
+            "DELETE",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+            {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "gracePeriodSeconds": 0,
+                "preconditions": {"uid": meta["uid"]},
+            },
+        )
+        if status not in (200, 404, 409):
+            log.warning("deleting pod %s/%s returned %s: %s", meta["namespace"], meta["name"], status, answer)
 
     def _release_mountpoints(self, local: localpod.LocalPod) -> None:
         for root in local.mountpoints:

@@ -1,6 +1,6 @@
 """Reading a Ray pod as KubeRay 1.5 writes it: which pods the pod runner plays, the Ray container's environment,
-the PVCs it mounts, its grace period. Pure: the pod object in, values out; a Secret or ConfigMap is read through
-the `lookup` the caller passes.
+the PVCs it mounts, its preStop hook, its grace period. Pure: the pod object in, values out; a Secret or ConfigMap
+is read through the `lookup` the caller passes.
 
 Who uses it: `podrunner.PodRunner` (to start and end pods) and the pod-runner tests (PLAY_ANNOTATION).
 """
@@ -70,6 +70,13 @@ def ray_container(pod: dict[str, Any]) -> dict[str, Any]:
 def generated_command(container: dict[str, Any]) -> str:
     """The `ray start` command KubeRay generated for the container ("" when there is none)."""
     return next((str(v.get("value", "")) for v in container.get("env") or [] if v["name"] == GENERATED_COMMAND), "")
+
+
+def pre_stop_command(container: dict[str, Any]) -> list[str] | None:
+    """The container's `lifecycle.preStop.exec.command`, or None (no hook, or an httpGet/sleep hook, which the
+    runner does not play)."""
+    command = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command")
+    return [str(part) for part in command] if command else None
 
 
 def grace_seconds(pod: dict[str, Any], cap: float) -> float:

@@ -22,6 +22,8 @@ import pytest
 
 import chaos
 import controlplane
+import fakenodes
+import fullloop
 import kubeapi
 import localpod
 import podrunner
@@ -450,3 +452,96 @@ def test_disrupt_and_delete_sets_disruption_target_before_the_delete_and_the_run
         what="the head's processes gone",
         diagnostics=runner.describe,
     )
+
+
+@pytest.fixture
+def kubelet_node(
+    control_plane: controlplane.ControlPlane, bed: tuple[proxy.ForwardProxy, podrunner.PodRunner]
+) -> Iterator[fakenodes.LoneNode]:
+    """A node whose kwok leaves Ray pods' deletion to the runner, as the full-loop bed's nodes do."""
+    stages = bed[1].workdir / f"stages-{uuid.uuid4().hex[:6]}.yaml"
+    stages.write_text(fullloop.KWOK_POD_STAGES)
+    with control_plane.lone_node("kubelet", stages=stages) as node:
+        yield node
+
+
+def test_a_deleted_head_runs_its_pre_stop_hook_with_its_env_and_volume_before_sigterm_and_is_deleted_after(
+    control_plane: controlplane.ControlPlane,
+    namespace: str,
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+    kubelet_node: fakenodes.LoneNode,
+) -> None:
+    runner = bed[1]
+    mount_path = Path(f"/trun-testbed-{uuid.uuid4().hex[:6]}/checkpoints")
+    control_plane.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "ckpt"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+        namespace=namespace,
+    )
+    body = ray_pod("hooked", "hooked", "head", claim="ckpt", mount_path=str(mount_path), **kubelet_node.pod_fields())
+    body["spec"]["terminationGracePeriodSeconds"] = 8
+    hook = f'echo "$MY_POD_NAME" > {mount_path}/hook-ran; sleep 3'
+    body["spec"]["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["/bin/sh", "-c", hook]}}}
+    control_plane.apply(body, namespace=namespace)
+    local = played_and_ready(runner, namespace, "hooked", what="the head's Ray to answer")
+    path = f"/api/v1/namespaces/{namespace}/pods/hooked"
+    chaos.evict(control_plane, namespace, "hooked")
+    claim_dir = runner.claim_directory(namespace, "ckpt")
+    waiting.wait(
+        lambda: (claim_dir / "hook-ran").exists(), timeout=20, what="the hook ran", diagnostics=runner.describe
+    )
+    assert (claim_dir / "hook-ran").read_text() == "hooked\n"  # the container's env, and its volume mounted
+    pod = control_plane.get(path)  # while the hook runs: still there, terminating, its Ray untouched
+    assert pod is not None and pod["metadata"].get("deletionTimestamp")
+    assert local.alive() and local.state == "killing"
+    waiting.wait(lambda: control_plane.get(path) is None, timeout=30, what="the pod deleted for good")
+    assert not localpod.pod_processes(local.uid) and local.state == "killed"
+    hooks = [e for e in runner.events if f"{namespace}/hooked" in e and "PreStop:" in e]
+    assert len(hooks) == 1 and "exit code 0" in hooks[0]
+
+
+def test_a_pre_stop_hook_that_outlasts_the_grace_period_is_cut_off_and_the_pod_still_ends(
+    control_plane: controlplane.ControlPlane,
+    namespace: str,
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+    kubelet_node: fakenodes.LoneNode,
+) -> None:
+    runner = bed[1]
+    body = ray_pod("stubborn", "stubborn", "head", **kubelet_node.pod_fields())
+    body["spec"]["terminationGracePeriodSeconds"] = 2
+    body["spec"]["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "600"]}}}
+    control_plane.apply(body, namespace=namespace)
+    local = played_and_ready(runner, namespace, "stubborn", what="the head's Ray to answer")
+    path = f"/api/v1/namespaces/{namespace}/pods/stubborn"
+    started = time.monotonic()
+    control_plane.kubectl("delete", "pod", "stubborn", "-n", namespace, "--wait=false")
+    waiting.wait(lambda: control_plane.get(path) is None, timeout=40, what="the pod deleted for good")
+    # grace 2 s for the hook, the kubelet's 2 s extension for SIGTERM, then SIGKILL: well under the hook's 600 s
+    assert time.monotonic() - started < 20
+    assert not localpod.pod_processes(local.uid)
+    hooks = [e for e in runner.events if f"{namespace}/stubborn" in e and "PreStop:" in e]
+    assert len(hooks) == 1 and "killed after 2 s" in hooks[0]
+
+
+def test_a_deleted_ray_pod_the_runner_never_started_is_deleted_for_good(
+    control_plane: controlplane.ControlPlane,
+    namespace: str,
+    bed: tuple[proxy.ForwardProxy, podrunner.PodRunner],
+    kubelet_node: fakenodes.LoneNode,
+) -> None:
+    runner = bed[1]
+    control_plane.apply(ray_pod("orphan-worker", "no-head", "worker", **kubelet_node.pod_fields()), namespace=namespace)
+    path = f"/api/v1/namespaces/{namespace}/pods/orphan-worker"
+    waiting.wait(
+        lambda: (p := control_plane.get(path)) and p["status"].get("phase") == "Running",
+        timeout=60,
+        what="kwok to run the pod",
+    )
+    wait_passes(runner)  # it has no head: the runner does not start it
+    assert runner.find(namespace, "orphan-worker") is None
+    control_plane.kubectl("delete", "pod", "orphan-worker", "-n", namespace, "--wait=false")
+    waiting.wait(lambda: control_plane.get(path) is None, timeout=30, what="the pod deleted for good")
