@@ -58,6 +58,8 @@ __all__ = [
 
 MAX_CHECKPOINT_HISTORY = 20
 PREEMPTION_NOTICE = "PreemptionNotice"
+CHECKPOINT_CORRUPT = "CheckpointCorrupt"
+"""The event for a recorded checkpoint the driver passed over because it failed verification."""
 """A checkpoint's reason when the driver saved it on the head pod's notice (`trainingrun_runtime.driver.notice`)."""
 MAX_ATTEMPT_HISTORY = 100
 MAX_LOST_WORKER_PODS = 100  # the CRD's maxItems; above departures.MAX_PER_RUN, so a remembered pod keeps its name
@@ -103,6 +105,8 @@ class CreateAttempt:
     number: int
     ray_job_name: str
     resume: int | None
+    fallback: tuple[int, ...] = ()
+    """Older recorded steps (newest first) the driver resumes from if `resume` fails verification."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +198,32 @@ class _Pass:
 
     # -- checkpoints (fencing)
 
+    def fold_bad_checkpoints(self) -> None:
+        """The steps this attempt's driver passed over (they failed verification) join `checkpoints.bad`, each
+        announced once; an attempt that fell back from its pinned step records the step it resumed from."""
+        report, attempt = self.status.runtime, self.attempt
+        if report is None or attempt is None or report.attempt != attempt.number or not report.bad_checkpoints:
+            return
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        known = set(book.bad or [])
+        new = {b.step: b for b in report.bad_checkpoints if b.step not in known}
+        if not new:
+            return
+        bad = sorted(known | set(new))[-MAX_ATTEMPT_HISTORY:]
+        self.update(checkpoints=book.model_copy(update={"bad": bad}))
+        for step, b in sorted(new.items(), reverse=True):
+            self.emit(
+                "Warning",
+                CHECKPOINT_CORRUPT,
+                f"attempt {attempt.number}: checkpoint step {step} failed verification and was passed over: "
+                f"{b.problem or 'no detail'}",
+            )
+        restored = report.last_checkpoint
+        if attempt.resumed_from in new and restored is not None and restored.attempt != attempt.number:
+            self.update(attempt=attempt.model_copy(update={"resumed_from": restored.step}))
+
     def fold_runtime_report(self) -> None:
+        self.fold_bad_checkpoints()
         report, attempt = self.status.runtime, self.attempt
         if report is None or report.last_checkpoint is None or attempt is None:
             return
@@ -281,6 +310,16 @@ class _Pass:
             return False, None  # every checkpoint we know of failed to restore; "latest" would pick one again
         return True, None
 
+    def fallback_steps(self, resume: int | None) -> tuple[int, ...]:
+        """The recorded steps older than `resume` and not known bad, newest first: where the driver resumes from,
+        within the same attempt, when `resume` fails verification (never from a newer step)."""
+        if resume is None:
+            return ()
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        bad = set(book.bad or [])
+        recorded = {c.step for c in [*(book.history or []), *([book.latest] if book.latest else [])]}
+        return tuple(sorted((s for s in recorded if s < resume and s not in bad), reverse=True))
+
     def start_attempt(self) -> None:
         possible, resume = self.resume_point()
         if not possible:
@@ -301,7 +340,7 @@ class _Pass:
         )
         if first_identity:
             self.actions.append(EnsureIdentity(identity))  # once per run; after a crash, _recreate_missing redoes it
-        self.actions.append(CreateAttempt(number, name, resume))
+        self.actions.append(CreateAttempt(number, name, resume, self.fallback_steps(resume)))
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
         self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
         self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")
@@ -438,7 +477,9 @@ class _Pass:
         identity = naming.identity_name(self.inputs.run)
         self.actions += [
             EnsureIdentity(identity),
-            CreateAttempt(attempt.number, attempt.ray_job_name, attempt.resumed_from),
+            CreateAttempt(
+                attempt.number, attempt.ray_job_name, attempt.resumed_from, self.fallback_steps(attempt.resumed_from)
+            ),
         ]
 
     def on_waiting(self) -> None:

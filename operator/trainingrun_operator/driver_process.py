@@ -43,6 +43,8 @@ class DriverArgs:
     config: Mapping[str, Any]
     """The RuntimeConfig as JSON values (`{"trainer": ..., "checkpoint": ...}`)."""
     resume: str = "latest"
+    fallback: str | None = None
+    """Older steps, comma-separated, if `resume` fails verification."""
     reporter: str = "file"
     namespace: str = "local"
     run_uid: str | None = None
@@ -62,7 +64,8 @@ class DriverArgs:
             "--config-json", json.dumps(dict(self.config), sort_keys=True, separators=(",", ":")),
             "--reporter", self.reporter,
         ]  # fmt: skip
-        for flag, value in (("--run-uid", self.run_uid), ("--event-log", self.event_log),
+        for flag, value in (("--fallback", self.fallback or None), ("--run-uid", self.run_uid),
+                            ("--event-log", self.event_log),
                             ("--progress-period", self.progress_period), ("--num-cpus", self.num_cpus)):  # fmt: skip
             if value is not None:
                 argv += [flag, str(value)]

@@ -220,6 +220,14 @@ class CheckpointRecord(_Wire):
     """Periodic, Final or PreemptionNotice (None: a driver from before reasons were reported)."""
 
 
+class BadCheckpoint(_Wire):
+    """A checkpoint the driver passed over because it failed verification."""
+
+    step: int
+    problem: str | None = None
+    """What failed: the file and the mismatch."""
+
+
 class RuntimeReport(_Wire):
     """`status.runtime`: written only by the driver (merge patch), read by the operator, fenced by attempt."""
 
@@ -230,6 +238,9 @@ class RuntimeReport(_Wire):
     last_checkpoint: CheckpointRecord | None = None
     restore_error: str | None = None
     finished: bool | None = None
+    bad_checkpoints: list[BadCheckpoint] | None = None
+    """Checkpoints this attempt's driver passed over (the pinned step, or older ones) because they failed
+    verification; the operator adds them to `checkpoints.bad`."""
 
 
 class Condition(_Wire):

@@ -4,7 +4,7 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
 
     RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt
       spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
-                                 --run-uid UID
+                                 --run-uid UID [--fallback S,S (older recorded steps, if the pinned one is bad)]
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from trainingrun_operator import model, naming, validation
@@ -58,7 +59,13 @@ def checkpoint_root(spec: model.TrainingRunSpec) -> str:
 
 
 def entrypoint(
-    run: str, namespace: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec, uid: str | None = None
+    run: str,
+    namespace: str,
+    attempt: int,
+    resume: int | None,
+    spec: model.TrainingRunSpec,
+    uid: str | None = None,
+    fallback: Sequence[int] = (),
 ) -> str:
     """The driver command line, every argument shell-quoted (the config JSON comes from the user).
 
@@ -87,6 +94,8 @@ def entrypoint(
     ]
     if uid is not None:
         argv += ["--run-uid", uid]
+    if resume is not None and fallback:
+        argv += ["--fallback", ",".join(str(s) for s in fallback)]
     return shlex.join(argv)
 
 
@@ -169,9 +178,16 @@ def _pod_template(
 
 
 def build_rayjob(
-    run: str, namespace: str, uid: str, attempt: int, resume: int | None, spec: model.TrainingRunSpec
+    run: str,
+    namespace: str,
+    uid: str,
+    attempt: int,
+    resume: int | None,
+    spec: model.TrainingRunSpec,
+    fallback: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The RayJob for attempt `attempt` of TrainingRun `run` (uid `uid`), resuming from `resume`."""
+    """The RayJob for attempt `attempt` of TrainingRun `run` (uid `uid`), resuming from `resume` (or, if that
+    fails verification, the newest of `fallback` that verifies)."""
     labels = naming.attempt_labels(run, attempt)
     head = spec.ray.head
     head_params = {"dashboard-host": "0.0.0.0", **(head.ray_start_params or {})}
@@ -207,7 +223,7 @@ def build_rayjob(
             "ownerReferences": [owner_reference(run, uid)],
         },
         "spec": {
-            "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid),
+            "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback),
             "submissionMode": "HTTPMode",
             "backoffLimit": 0,
             "shutdownAfterJobFinishes": True,

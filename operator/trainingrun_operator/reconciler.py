@@ -161,7 +161,7 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
         )
     elif isinstance(action, decision.CreateAttempt):
         assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
-        body = rayjob.build_rayjob(meta.name, namespace, uid, action.number, action.resume, run.spec)
+        body = rayjob.build_rayjob(meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback)
         try:
             created = await api.create_rayjob(body)
         except errors.ApiError as exc:

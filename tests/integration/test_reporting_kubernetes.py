@@ -39,6 +39,7 @@ def _status(step: int) -> reporting.RuntimeStatus:
         ),
         restoreError=None,
         finished=False,
+        badCheckpoints=[],
     )
 
 

@@ -11,6 +11,7 @@ committed and reported. Then, in new processes:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,47 @@ def test_a_pinned_step_that_does_not_exist_is_refused_with_exit_code_3(killed_af
     proc = launcher.start(run=RUN, attempt=2, root=root, config=CONFIG, resume="3")
     assert proc.wait(300) == 3
     assert proc.output().strip().splitlines()[-1].startswith("RestoreFailed: CheckpointCorrupt")
+
+
+def copy_with_a_flipped_byte(root: Path, into: Path, step: int) -> Path:
+    """The run directory copied to `into`, one byte of step_`step`'s policy weights flipped; the file's path."""
+    shutil.copytree(root / RUN, into / RUN, ignore=shutil.ignore_patterns("attempts", "owner.json", "crash-markers"))
+    bundle = into / RUN / f"step_{step}"
+    target = next(p for p in sorted((bundle / layout.POLICY).rglob("*")) if p.is_file() and p.stat().st_size > 64)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_a_pinned_step_that_fails_verification_is_passed_over_for_an_older_recorded_one_in_the_same_attempt(
+    killed_after_step_4: Path, tmp_path: Path
+) -> None:
+    flipped = copy_with_a_flipped_byte(killed_after_step_4, tmp_path, 4)
+    proc = launcher.start(
+        run=RUN, attempt=2, root=tmp_path, config=CONFIG, resume="4", fallback="2", event_log=tmp_path / "a2.jsonl"
+    )
+    assert proc.wait(600) == 0, proc.output()[-3000:]
+    log = events.read(tmp_path / "a2.jsonl")
+    rejected = [e for e in log if e["event"] == "checkpoint_rejected"]
+    assert [e["step"] for e in rejected] == [4] and flipped.name in rejected[0]["problem"]
+    assert next(e for e in log if e["event"] == "checkpoint_selected")["step"] == 2
+    status = json.loads((tmp_path / RUN / "attempts" / "2" / "runtime.json").read_text())
+    assert status["finished"] is True and status["step"] == CONFIG["trainer"]["steps"]
+    assert [b["step"] for b in status["badCheckpoints"]] == [4] and flipped.name in status["badCheckpoints"][0][
+        "problem"
+    ]
+
+
+def test_a_step_newer_than_the_pinned_one_is_never_used_and_with_none_valid_the_restore_fails_naming_each(
+    killed_after_step_4: Path, tmp_path: Path
+) -> None:
+    copy_with_a_flipped_byte(killed_after_step_4, tmp_path, 2)
+    proc = launcher.start(run=RUN, attempt=2, root=tmp_path, config=CONFIG, resume="2", fallback="4")
+    assert proc.wait(300) == 3, proc.output()[-3000:]
+    assert proc.output().strip().splitlines()[-1].startswith("RestoreFailed: NoRecordedCheckpointVerifies")
+    status = json.loads((tmp_path / RUN / "attempts" / "2" / "runtime.json").read_text())
+    assert [b["step"] for b in status["badCheckpoints"]] == [2] and status["restoreError"]
 
 
 def test_a_killed_run_resumes_exactly_where_its_checkpoint_was(killed_after_step_4: Path) -> None:

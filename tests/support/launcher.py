@@ -53,6 +53,7 @@ def start(
     root: str | os.PathLike[str],
     config: Mapping[str, Any],
     resume: str = "latest",
+    fallback: str | None = None,
     reporter: str = "file",
     event_log: str | os.PathLike[str] | None = None,
     crash_at: str | None = None,
@@ -63,7 +64,7 @@ def start(
 ) -> Driver:
     """Launch `python -m trainingrun_runtime` for one attempt on a local Ray of its own."""
     args = driver_process.DriverArgs(
-        run=run, attempt=attempt, root=str(root), config=config, resume=resume, reporter=reporter,
+        run=run, attempt=attempt, root=str(root), config=config, resume=resume, fallback=fallback, reporter=reporter,
         run_uid=run_uid, event_log=None if event_log is None else str(event_log), progress_period=progress_period,
         num_cpus=num_cpus,
     )  # fmt: skip

@@ -467,6 +467,7 @@ class SingleController:
             lastCheckpoint=self.checkpoints.last,
             restoreError=None,
             finished=finished,
+            badCheckpoints=list(self.args.restored.rejected),
         )
 
 

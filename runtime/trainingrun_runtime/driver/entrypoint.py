@@ -7,7 +7,7 @@
                ──error──► exit 1 (its original error is logged)
     final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
 
-    python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step>
+    python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step> [--fallback S,S]
         --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file [--event-log FILE]
         [--run-uid UID] [--progress-period SECONDS]
 
@@ -23,11 +23,12 @@ import argparse
 import logging
 import sys
 import traceback
+from pathlib import Path
 
 import pydantic
 
 from trainingrun_runtime import config, timestamps
-from trainingrun_runtime.driver import events, reporting, setup
+from trainingrun_runtime.driver import events, reporting, restore, setup
 from trainingrun_runtime.errors import DigestError, GenerationLost, PreflightError, RestoreFailed, Superseded
 
 __all__ = [
@@ -57,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of the TrainingRun")
     p.add_argument("--attempt", type=int, required=True, help="attempt number (fencing for reports)")
     p.add_argument("--resume", default="latest", help="'latest' (newest valid checkpoint, else fresh) or a step")
+    p.add_argument(
+        "--fallback",
+        default="",
+        help="older recorded steps, comma-separated: resumed from (newest first) if the pinned one fails verification",
+    )
     p.add_argument("--root", required=True, help="checkpoint root directory")
     p.add_argument("--config-json", required=True, help="RuntimeConfig as JSON ({trainer, checkpoint})")
     p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
@@ -88,6 +94,11 @@ def parse(argv: list[str]) -> setup.DriverOptions:
         raise ValueError(f"--config-json is not a valid RuntimeConfig:\n{e}") from None
     if ns.resume != "latest" and not ns.resume.isdigit():
         raise ValueError(f"--resume must be 'latest' or a step number, got {ns.resume!r}")
+    if ns.fallback and (not all(s.isdigit() for s in ns.fallback.split(",")) or ns.resume == "latest"):
+        raise ValueError(
+            f"--fallback must be step numbers separated by commas, with --resume <step>; got {ns.fallback!r}"
+        )
+    fallback = tuple(int(s) for s in ns.fallback.split(",")) if ns.fallback else ()
     if ns.attempt < 0:
         raise ValueError("--attempt must be >= 0")
     if ns.progress_period < 0:
@@ -97,6 +108,7 @@ def parse(argv: list[str]) -> setup.DriverOptions:
         namespace=ns.namespace,
         attempt=ns.attempt,
         resume=ns.resume,
+        fallback=fallback,
         root=ns.root,
         config=cfg,
         reporter=ns.reporter,
@@ -124,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Superseded: {e}", file=sys.stderr)
         return EXIT_FAILED
     except RestoreFailed as e:
-        _report_restore_error(rep, opts, str(e))
+        _report_restore_error(rep, opts, str(e), getattr(e.cause, "rejected", []))
         _shutdown_ray()
         print(f"RestoreFailed: {e}", file=sys.stderr)
         return EXIT_RESTORE_FAILED
@@ -160,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             lastCheckpoint=result.last_checkpoint,
             restoreError=None,
             finished=result.notice is None,
+            badCheckpoints=list(built.args.restored.rejected),
         )
     )
     _close(built)
@@ -179,7 +192,9 @@ def is_restore_error(error: BaseException) -> bool:
     return isinstance(error, (RestoreFailed, PreflightError, DigestError))
 
 
-def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, message: str) -> None:
+def _report_restore_error(
+    rep: reporting.Reporter, opts: setup.DriverOptions, message: str, rejected: list[tuple[Path, str]] | None = None
+) -> None:
     rep.report(
         reporting.RuntimeStatus(
             attempt=opts.attempt,
@@ -189,6 +204,7 @@ def _report_restore_error(rep: reporting.Reporter, opts: setup.DriverOptions, me
             lastCheckpoint=None,
             restoreError=message,
             finished=False,
+            badCheckpoints=restore.rejected_steps(rejected or []),
         )
     )
 

@@ -10,7 +10,7 @@ the operator can tell how many steps an interrupted attempt lost (`stepsLost`:
 `step` minus the newest recorded checkpoint). Shape (camelCase, as in the CRD):
 
     runtime: {attempt, step, reward, updated, lastCheckpoint: {step, path, attempt, replayDigest,
-              weightsSha256, time} | null, restoreError, finished}
+              weightsSha256, time, reason} | null, restoreError, finished, badCheckpoints: [{step, problem}]}
 
 `ProgressReports` sends them: a checkpoint report right away (after any report in
 flight), a progress report after a step at most once per period (default 1 s) and at
@@ -39,6 +39,7 @@ from trainingrun_runtime.storage import files
 
 __all__ = [
     "PROGRESS_PERIOD_S",
+    "BadCheckpointReport",
     "CheckpointReport",
     "FileReporter",
     "KubernetesReporter",
@@ -72,6 +73,15 @@ class CheckpointReport(TypedDict):
     """Why it was written: Periodic, Final or PreemptionNotice (`checkpoints.REASONS`)."""
 
 
+class BadCheckpointReport(TypedDict):
+    """A checkpoint this attempt would have resumed from but that failed verification (`status.runtime.badCheckpoints`,
+    which the operator adds to `status.checkpoints.bad`)."""
+
+    step: int
+    problem: str
+    """What failed, naming the file and the mismatch (the CheckpointCorrupt message)."""
+
+
 class RuntimeStatus(TypedDict):
     """`status.runtime`: the driver's view of the attempt."""
 
@@ -82,6 +92,8 @@ class RuntimeStatus(TypedDict):
     lastCheckpoint: CheckpointReport | None
     restoreError: str | None
     finished: bool
+    badCheckpoints: list[BadCheckpointReport]
+    """Every report carries the list, empty or not: a merge patch then replaces an earlier attempt's."""
 
 
 @dataclasses.dataclass(frozen=True)

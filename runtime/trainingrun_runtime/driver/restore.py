@@ -1,7 +1,9 @@
 """The restore step of the driver's setup: choose the checkpoint, then bring back everything it holds, in order.
 
-    choose(root, run, resume, config, replay)   no Ray yet: every checksum verified, the config hash checked
-        ─► checkpointer.Selection | None    (None: nothing to resume, a fresh start)
+    choose(root, run, resume, config, replay, fallback)   no Ray yet: every checksum verified, the config hash checked
+        ─► checkpointer.Selection | None    (None: nothing to resume, a fresh start); a pinned step that fails
+           verification is passed over for the newest `fallback` step (older recorded ones) that verifies, and
+           named in `Selection.skipped`; only when none verifies does the restore fail
     restore(chosen, trainers, rollout, events) ─► Restored
         1  TransferQueue through the trainers' bootstrap client ─► DataPlaneToken      tq_restored | tq_fresh
            (BEFORE any other client, the replay buffer or the controller exist)
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,14 +31,17 @@ from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import checkpointer, lifecycle
 from trainingrun_runtime.dataplane.replay_index import ReplayConfig
 from trainingrun_runtime.driver import events, reporting, trainers
-from trainingrun_runtime.errors import CheckpointCorrupt, ConfigMismatch, RestoreFailed, TrainingRunError
+from trainingrun_runtime.errors import CheckpointCorrupt, ConfigMismatch, DigestError, RestoreFailed, TrainingRunError
 from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
 from trainingrun_runtime.storage import layout, manifest
 
-__all__ = ["Restored", "Rollout", "check_config", "choose", "restore"]
+__all__ = ["NoRecordedCheckpointVerifies", "Restored", "Rollout", "check_config", "choose", "rejected_steps", "restore"]
 
 log = logging.getLogger(__name__)
+
+PROBLEM_CHARS = 500
+"""A rejected checkpoint's problem, as reported, is cut to this (the CRD bounds the field)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,21 +72,45 @@ class Restored:
     """The manifest's replay digest, which the rebuilt index must match (None on a fresh start)."""
     last_checkpoint: reporting.CheckpointReport | None
     """The restored step as `status.runtime.lastCheckpoint` reports it (None on a fresh start)."""
+    rejected: tuple[reporting.BadCheckpointReport, ...] = ()
+    """The checkpoints passed over because they failed verification (`status.runtime.badCheckpoints`)."""
+
+
+class NoRecordedCheckpointVerifies(CheckpointCorrupt):
+    """The pinned step and every fallback step failed verification; `rejected` says why each one did."""
+
+    def __init__(self, message: str, rejected: list[tuple[Path, str]]) -> None:
+        super().__init__(message)
+        self.rejected = rejected
 
 
 def choose(
-    root: str, run: str, resume: str, cfg: config.RuntimeConfig, replay: ReplayConfig
+    root: str,
+    run: str,
+    resume: str,
+    cfg: config.RuntimeConfig,
+    replay: ReplayConfig,
+    fallback: Sequence[int] = (),
 ) -> checkpointer.Selection | None:
     """The checkpoint to resume from, every check passed, nothing loaded: newest valid, pinned, or None (fresh).
 
-    `replay` is the replay buffer's shape under `cfg`, which the checkpoint's index must fit.
+    `replay` is the replay buffer's shape under `cfg`, which the checkpoint's index must fit. With a pinned step,
+    `fallback` lists older steps the operator recorded: when the pinned one fails verification (a checksum, a
+    missing file, the replay digest), the newest of them that verifies is chosen instead, and the ones passed over
+    are in `Selection.skipped`. A step newer than the pinned one is never used. A config mismatch is not passed
+    over (older steps would share it).
     """
     try:
         step = None if resume == "latest" else int(resume)
     except ValueError:
         raise RestoreFailed(ValueError(f"--resume must be 'latest' or a step number, got {resume!r}")) from None
     try:
-        chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
+        if step is None:
+            chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS)
+        else:
+            chosen = _pinned_or_older(
+                root, run, replay, [step, *sorted({f for f in fallback if f < step}, reverse=True)]
+            )
         if chosen is not None:
             check_config(chosen.manifest, cfg)
     except (TrainingRunError, ValueError, OSError) as e:
@@ -89,6 +119,30 @@ def choose(
         for path, reason in chosen.skipped:
             log.warning("not resuming from %s: %s", path, reason)
     return chosen
+
+
+def _pinned_or_older(root: str, run: str, replay: ReplayConfig, steps: list[int]) -> checkpointer.Selection | None:
+    """The first of `steps` (the pinned one, then older recorded ones) that passes every check."""
+    rejected: list[tuple[Path, str]] = []
+    for step in steps:
+        try:
+            chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
+        except (CheckpointCorrupt, DigestError) as e:
+            rejected.append((layout.run_dir(root, run) / layout.step_dirname(step), str(e)))
+            continue
+        return None if chosen is None else dataclasses.replace(chosen, skipped=rejected)
+    tried = "; ".join(f"{path.name}: {why}" for path, why in rejected)
+    raise NoRecordedCheckpointVerifies(f"no recorded checkpoint verifies ({tried})", rejected)
+
+
+def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[reporting.BadCheckpointReport]:
+    """The step_N checkpoints among `skipped` (not leftovers such as tmp_step_N), as the driver reports them."""
+    found = []
+    for path, problem in skipped:
+        step = layout.step_of(path.name)
+        if step is not None:
+            found.append(reporting.BadCheckpointReport(step=step, problem=problem[:PROBLEM_CHARS]))
+    return found
 
 
 def check_config(saved: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
@@ -137,6 +191,7 @@ def restore(
         replay_state=dict(chosen.replay_state),
         replay_digest=m.replay_digest,
         last_checkpoint=last,
+        rejected=tuple(rejected_steps(chosen.skipped)),
     )
 
 

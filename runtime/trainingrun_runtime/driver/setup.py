@@ -1,7 +1,8 @@
 """setup_single_controller(): the driver builds every object, restores, then creates the controller actor.
 
     1  claim the run directory for this attempt (`storage.fence`)                 run_dir_claimed
-    2  choose the checkpoint: every checksum verified, the config hash checked    checkpoint_selected   no Ray yet
+    2  choose the checkpoint: every checksum verified, the config hash checked;   checkpoint_rejected,  no Ray yet
+       a pinned step that fails is passed over for an older recorded one         checkpoint_selected
     3  ray.init (or attach via RAY_ADDRESS)                                       ray_started
     4  the generation workers' and the trainer worker's processes start (neither  tq_started
        touches TransferQueue) while the BOOTSTRAP data-plane client starts it
@@ -61,6 +62,8 @@ class DriverOptions:
     reporter: str
     """`kubernetes` or `file` (`reporting.build`)."""
     event_log: str | None = None
+    fallback: tuple[int, ...] = ()
+    """Older recorded steps to resume from if the pinned one fails verification (`restore.choose`)."""
     num_cpus: int = 8
     progress_period_s: float = reporting.PROGRESS_PERIOD_S
     run_uid: str | None = None
@@ -96,7 +99,11 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
     fence.claim(layout.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
     ev.emit("run_dir_claimed", attempt=opts.attempt)
-    chosen = restore.choose(opts.root, opts.run, opts.resume, opts.config, controller.replay_config(tcfg))
+    chosen = restore.choose(
+        opts.root, opts.run, opts.resume, opts.config, controller.replay_config(tcfg), fallback=opts.fallback
+    )
+    for bad in restore.rejected_steps(chosen.skipped if chosen is not None else []):
+        ev.emit("checkpoint_rejected", step=bad["step"], problem=bad["problem"])
     ev.emit("checkpoint_selected", step=None if chosen is None else chosen.manifest.step)
 
     _init_ray(opts)

@@ -113,7 +113,16 @@ def test_every_schema_node_has_a_type_so_the_schema_is_structural() -> None:
 
 def test_status_declares_every_field_of_the_runtime_contract() -> None:
     runtime = _schema()["properties"]["status"]["properties"]["runtime"]["properties"]
-    assert set(runtime) == {"attempt", "step", "reward", "updated", "lastCheckpoint", "restoreError", "finished"}
+    assert set(runtime) == {
+        "attempt",
+        "step",
+        "reward",
+        "updated",
+        "lastCheckpoint",
+        "restoreError",
+        "finished",
+        "badCheckpoints",
+    }
     assert set(runtime["lastCheckpoint"]["properties"]) == {
         "step",
         "path",

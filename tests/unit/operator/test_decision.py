@@ -343,6 +343,59 @@ def test_a_failed_restore_marks_the_step_bad_and_falls_back_to_the_previous_chec
     assert creates(store.decide(gone(2))) == [CreateAttempt(3, "tiny-a3", 10)]
 
 
+def preempted_after_checkpoints(store: Store, *steps: int) -> None:
+    """Attempt 1 records `steps`, is preempted, and attempt 2 is created (pinned to the last of them)."""
+    start_and_run(store)
+    for step in steps:
+        store.report(1, step)
+        store.decide(running(1))
+    store.decide(preempted(1))
+
+
+def test_the_next_attempt_is_told_the_older_recorded_steps_newest_first_and_never_the_bad_ones() -> None:
+    store = Store()
+    preempted_after_checkpoints(store, 10, 20, 30, 40)
+    store.status["checkpoints"]["bad"] = [20]
+    assert creates(store.decide(gone(1))) == [CreateAttempt(2, "tiny-a2", 40, (30, 10))]
+
+
+def test_a_pinned_step_that_failed_verification_is_marked_bad_announced_once_and_the_attempt_trains_on() -> None:
+    store = Store()
+    preempted_after_checkpoints(store, 10, 20)
+    store.decide(gone(1))
+    store.decide(running(2))
+    problem = "/checkpoints/tiny/step_20/policy/model.pt: sha256 mismatch (expected 3f.., got 9a..)"
+    store.report(2, 11, ckpt_attempt=1, badCheckpoints=[{"step": 20, "problem": problem}])
+    store.status["runtime"]["lastCheckpoint"]["step"] = 10  # the step the driver fell back to
+    result = store.decide(running(2))
+    assert store.phase == "Running"
+    assert store.status["checkpoints"]["bad"] == [20]
+    assert store.status["attempt"]["resumedFrom"] == 10
+    assert store.status["restarts"]["failedRestore"] == 0 and store.status["restarts"]["total"] == 1
+    warnings = [a for a in result.actions if isinstance(a, Event) and a.reason == "CheckpointCorrupt"]
+    assert len(warnings) == 1 and "step 20" in warnings[0].message and problem in warnings[0].message
+    again = store.decide(running(2))
+    assert not [a for a in again.actions if isinstance(a, Event) and a.reason == "CheckpointCorrupt"]
+
+
+def test_a_restore_that_found_no_recorded_step_valid_marks_every_one_it_tried_bad() -> None:
+    store = Store()
+    preempted_after_checkpoints(store, 10, 20, 30)
+    store.decide(gone(1))
+    store.decide(running(2))
+    store.status["runtime"] = {
+        "attempt": 2,
+        "step": 0,
+        "restoreError": "CheckpointCorrupt: no recorded checkpoint verifies",
+        "badCheckpoints": [{"step": 30, "problem": "a"}, {"step": 20, "problem": "b"}, {"step": 10, "problem": "c"}],
+    }
+    store.decide(running(2))
+    assert store.status["reason"] == "FailedRestore" and store.status["checkpoints"]["bad"] == [10, 20, 30]
+    store.now += datetime.timedelta(minutes=1)
+    store.decide(gone(2))
+    assert store.phase == "Failed" and store.status["reason"] == "NoRestorableCheckpoint"
+
+
 def test_a_failed_restore_of_the_drivers_own_choice_fails_the_run() -> None:
     store = Store()
     start_and_run(store)

@@ -90,6 +90,14 @@ def test_entrypoint_says_latest_when_there_is_no_recorded_step() -> None:
     assert argv[argv.index("--root") + 1] == "/checkpoints"
 
 
+def test_the_driver_is_told_the_older_recorded_steps_to_fall_back_to_only_with_a_pinned_step() -> None:
+    body = rayjob.build_rayjob("tiny", "ns", "u", 3, 30, spec_of("tiny.yaml"), fallback=(20, 10))
+    argv = shlex.split(body["spec"]["entrypoint"])
+    assert argv[argv.index("--fallback") + 1] == "20,10"
+    assert "--fallback" not in rayjob.entrypoint("tiny", "ns", 3, 30, spec_of("tiny.yaml"))
+    assert "--fallback" not in rayjob.entrypoint("tiny", "ns", 3, None, spec_of("tiny.yaml"), fallback=(20,))
+
+
 def test_the_driver_claims_the_run_directory_with_the_runs_uid_and_attempt() -> None:
     body = rayjob.build_rayjob("tiny", "ns", "7f3c-uid", 4, 30, spec_of("tiny.yaml"))
     argv = shlex.split(body["spec"]["entrypoint"])

@@ -43,3 +43,14 @@ def test_an_index_rebuild_failure_in_the_actor_is_a_failed_restore_and_a_superse
     assert entrypoint.is_restore_error(DigestError("digest mismatch"))
     assert not entrypoint.is_restore_error(Superseded("attempt 3 owns the directory"))
     assert not entrypoint.is_restore_error(DataPlaneError("snapshot failed"))
+
+
+def test_fallback_steps_are_parsed_and_need_a_pinned_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = entrypoint.parse([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,10"])
+    assert opts.resume == "30" and opts.fallback == (20, 10)
+    assert entrypoint.parse([*_argv(tmp_path, "{}"), "--resume", "30"]).fallback == ()
+    assert entrypoint.main([*_argv(tmp_path, "{}"), "--fallback", "20"]) == entrypoint.EXIT_BAD_CONFIG
+    assert "--fallback" in capsys.readouterr().err
+    assert (
+        entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,x"]) == entrypoint.EXIT_BAD_CONFIG
+    )

@@ -113,6 +113,7 @@ class Training:
             lastCheckpoint=last,
             restoreError=None,
             finished=False,
+            badCheckpoints=[],
         )
 
 
@@ -256,6 +257,7 @@ def _status(step: int) -> reporting.RuntimeStatus:
         ),
         restoreError=None,
         finished=False,
+        badCheckpoints=[],
     )
 
 
