@@ -13,7 +13,8 @@ it caused, and the seconds until training made progress again past the step wher
 the time to progress is split into stages, from the driver's event log (ROOT/RUN/attempts/N/events.jsonl, on the
 PVC) and the API objects:
 
-    struck -> detected (the attempt ended in status) -> next RayJob created -> Ray cluster ready (KubeRay
+    struck -> notice answered (the driver saved on the preStop hook's request) -> detected (the attempt ended in
+           status) -> next RayJob created -> Ray cluster ready (KubeRay
            submitted the driver: it started) -> restore done (TransferQueue and the policy loaded) -> driver set up
            (the controller actor created) -> first new step
 
@@ -66,6 +67,7 @@ class Strike:
     attempt: int = 0
     reached: int = 0
     progress_s: float | None = None
+    notice_recorded_s: float | None = None  # a head loss: until its notice's checkpoint was in status
     stages: dict[str, float] = field(default_factory=dict)
 
 
@@ -99,6 +101,9 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
         current = status(plane, name)
         if current.get("phase") in ("Succeeded", "Failed"):
             break
+        for hit in schedule:
+            if hit.kind == "head_loss" and hit.t and hit.notice_recorded_s is None and notice_saved(current, hit):
+                hit.notice_recorded_s = time.time() - hit.t
         attempt, step = runtime_step(plane, name)
         # One at a time: the next strike waits until the run trains again after the last one (>= 15 s).
         if pending and attempt and step >= pending[0].at_step and time.time() - last >= 15:
@@ -140,6 +145,12 @@ def step_times(bed: fullloop.FullLoopBed, name: str) -> tuple[list[tuple[float, 
     return sorted(done), logs
 
 
+def notice_saved(current: dict[str, Any], hit: Strike) -> bool:
+    """Whether status records a checkpoint that the struck attempt saved on the head's preemption notice."""
+    history = (current.get("checkpoints") or {}).get("history") or []
+    return any(c.get("reason") == "PreemptionNotice" and c.get("attempt") == hit.attempt for c in history)
+
+
 def steps_per_s(done: list[tuple[float, int, int]], start: float, end: float) -> float:
     """Steps finished per second in [start, end)."""
     return sum(1 for t, _, _ in done if start <= t < end) / (end - start)
@@ -169,6 +180,7 @@ def head_loss_stages(hit: Strike, history: dict[int, dict[str, Any]], logs: dict
     log = {e["event"]: e["t"] for e in reversed(logs.get(hit.attempt + 1, []))}
     first_step = next((e["t"] for e in logs.get(hit.attempt + 1, []) if e["event"] == "step_done"), None)
     points = {
+        "notice_answered": next((e["t"] for e in logs.get(hit.attempt, []) if e["event"] == "notice_answered"), None),
         "detected": ended.get("end"),
         "rayjob": nxt.get("start"),
         "cluster_ready": log.get("driver_started"),
@@ -193,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     spots = sorted(rng.sample(range(SAVE_PERIOD // 2, args.steps - 5), len(kinds)))
     schedule = [Strike(kind, at) for kind, at in zip(kinds, spots, strict=True)]
     with controlplane.ControlPlane(nodes=1) as plane, fullloop.FullLoopBed.running(plane) as bed:
+        bed.runner.grace_cap = 60.0  # pods get the grace period their spec asks for, as from a real kubelet
         operator = ourop.start(plane)
         try:
             plane.create_namespace(NAMESPACE)
@@ -236,7 +249,13 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
         "storm_s": round(storm, 1),
         "goodput_under_disruption": round(calm / storm, 3),
         "attempts": max([h["number"] for h in history] + [1]),
-        "goals": {"goodput_under_disruption": ">= 0.8", "worker_loss_steps_lost": "0", "worker_loss_new_attempts": "0"},
+        "goals": {
+            "goodput_under_disruption": ">= 0.8",
+            "worker_loss_steps_lost": "0",
+            "worker_loss_new_attempts": "0",
+            "graceful_head_loss_steps_lost": "0",
+            "notice_to_recorded_checkpoint_s": "< 15",
+        },
     }
     for kind in ("worker_loss", "head_loss", "driver_kill", "node_failure"):
         hits = [s for s in schedule if s.kind == kind]
@@ -245,6 +264,12 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
         figures[f"{kind}_steps_lost"] = sum(int(e.get("stepsLost") or 0) for e in ended)
         progress = [s.progress_s for s in hits if s.progress_s is not None]
         figures[f"{kind}_to_progress_s"] = round(max(progress), 1) if progress else None
+    # The head's eviction is graceful (its pod's grace period, the preStop hook asks the driver to save).
+    figures["graceful_head_loss_steps_lost"] = figures["head_loss_steps_lost"]
+    noticed = [s.notice_recorded_s for s in schedule if s.kind == "head_loss"]
+    figures["notice_to_recorded_checkpoint_s"] = (
+        round(max(noticed), 1) if noticed and None not in noticed else None  # None: a notice saved nothing
+    )
     for stage, seconds in next((s.stages for s in schedule if s.kind == "head_loss"), {}).items():
         figures[f"head_loss_stage_{stage}_s"] = seconds
     return figures

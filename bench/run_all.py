@@ -29,6 +29,8 @@ REQUIRED = [
     "goodput_under_disruption",
     "worker_loss_steps_lost",
     "worker_loss_new_attempts",
+    "graceful_head_loss_steps_lost",
+    "notice_to_recorded_checkpoint_s",
 ]
 
 

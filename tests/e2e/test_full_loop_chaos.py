@@ -11,103 +11,28 @@ from __future__ import annotations
 import json
 import os
 import random
-import shlex
-import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 import chaos
-import podrunner
+from support.fullloop_runs import (
+    head_name,
+    history,
+    manifests,
+    owner_attempt,
+    recorded_by,
+    reference_run,
+    run_directory,
+)
 from trainingrun_runtime import timestamps
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
 
 pytestmark = pytest.mark.e2e
-
-
-def history(status: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((status.get("checkpoints") or {}).get("history") or [])
-
-
-def recorded_by(loop: Loop, namespace: str, run: str, attempt: int) -> list[int]:
-    return sorted(c["step"] for c in history(loop.run_status(namespace, run)) if c["attempt"] == attempt)
-
-
-def head_name(loop: Loop, namespace: str, run: str, attempt: int) -> str:
-    pod = loop.wait(
-        lambda: _live_head(loop, namespace, run, attempt), timeout=180, what=f"attempt {attempt}'s head pod"
-    )
-    return str(pod["metadata"]["name"])
-
-
-def _live_head(loop: Loop, namespace: str, run: str, attempt: int) -> dict[str, Any] | None:
-    try:
-        return chaos.head_pod(loop.plane, namespace, f"trainingrun.dev/run={run},trainingrun.dev/attempt={attempt}")
-    except chaos.ChaosError:
-        return None
-
-
-def run_directory(loop: Loop, namespace: str, claim: str, run: str) -> Path:
-    """Where the run's checkpoints land on this machine: <PV hostPath>/<spec.checkpoint.path>/<run>."""
-    volume = loop.bed.runner.claim_directory(namespace, claim)
-    found = loop.wait(
-        lambda: next(iter(volume.glob(f"**/{run}")), None),
-        timeout=300,
-        what=f"the checkpoint directory of {run} on the volume",
-    )
-    return Path(found)
-
-
-def manifests(directory: Path) -> dict[int, dict[str, Any]]:
-    """step -> manifest of every complete checkpoint (step_N/manifest.json) in the run directory."""
-    found = {}
-    for path in directory.glob("step_*/manifest.json"):
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        found[int(manifest["step"])] = manifest
-    return found
-
-
-def owner_attempt(directory: Path) -> int | None:
-    """The attempt named in the run directory's owner.json (the driver's claim), None before any claim."""
-    try:
-        return int(json.loads((directory / "owner.json").read_text())["attempt"])
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def reference_run(loop: Loop, rayjob: dict[str, Any], root: Path) -> subprocess.Popen[bytes]:
-    """The same driver command as the RayJob's, run uninterrupted on a local Ray, reporting into files."""
-    argv = shlex.split(rayjob["spec"]["entrypoint"])
-    for flag, value in (("--root", str(root)), ("--reporter", "file"), ("--attempt", "1"), ("--resume", "latest")):
-        argv[argv.index(flag) + 1] = value
-    home = root / "home"
-    home.mkdir(parents=True)
-    env = {
-        "PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin",
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    log = open(root / "reference.log", "wb")
-    process = subprocess.Popen(
-        [str(podrunner.VENV_BIN / "python"), *argv[1:]],
-        env=env,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    return process
 
 
 def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(

@@ -1,0 +1,168 @@
+"""The head's preemption notice on the full loop (real KubeRay, real driver, our operator as its own process, the pod
+runner playing the kubelet's termination: preStop hook, SIGTERM, SIGKILL at the end of the grace period).
+
+- The head evicted through the Eviction API between two periodic saves: its preStop hook asks the driver to save,
+  the step it is at is recorded with reason PreemptionNotice, the attempt ends Preempted with stepsLost 0, the next
+  attempt resumes from that step, and the run ends with the weights of an uninterrupted run.
+- A grace period too short for a save: nothing is saved, no torn checkpoint is left, the next attempt resumes from
+  the step recorded before.
+- A notice that arrives while a periodic save is under way is answered by that save: one checkpoint, not two.
+
+The runner's cap on grace periods is raised for these tests so that the head gets the grace period its spec asks for.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import chaos
+from support.fullloop_runs import head_name, history, recorded_by, reference_run, run_directory
+from trainingrun_runtime.storage import verification
+
+if TYPE_CHECKING:
+    from conftest import Loop  # tests/e2e/conftest.py
+
+pytestmark = pytest.mark.e2e
+
+NOTICE = "PreemptionNotice"
+
+
+@pytest.fixture
+def graceful(loop: Loop) -> Iterator[Loop]:
+    """The loop, its pod runner honouring grace periods of up to 60 s (the head's default is 30 s)."""
+    cap = loop.bed.runner.grace_cap
+    loop.bed.runner.grace_cap = 60.0
+    try:
+        yield loop
+    finally:
+        loop.bed.runner.grace_cap = cap
+
+
+def reported_step(loop: Loop, namespace: str, run: str, attempt: int) -> int:
+    runtime = loop.run_status(namespace, run).get("runtime") or {}
+    return int(runtime.get("step") or 0) if runtime.get("attempt") == attempt else 0
+
+
+def notice_records(status: dict[str, Any], attempt: int) -> list[dict[str, Any]]:
+    return [c for c in history(status) if c["attempt"] == attempt and c.get("reason") == NOTICE]
+
+
+def complete_steps(directory: Path, run: str) -> list[int]:
+    """Every step_N directory of the run verifies (a torn one raises here); their steps."""
+    return sorted(verification.verify(p, run=run).step for p in directory.glob("step_*"))
+
+
+def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_an_uninterrupted_one(
+    graceful: Loop, namespace: str, tmp_path: Path
+) -> None:
+    loop = graceful
+    steps, save_period = 24, 10
+    loop.plane.apply(
+        loop.checkpoints_pvc("gn-checkpoints"),
+        loop.tiny_run("gn", claim="gn-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
+        namespace=namespace,
+    )
+    rayjob = loop.wait(
+        lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/gn-a1"),
+        timeout=60,
+        what="attempt 1's RayJob",
+    )
+    reference = reference_run(loop, rayjob, tmp_path)
+    try:
+        loop.wait(lambda: recorded_by(loop, namespace, "gn", 1), timeout=420, what="attempt 1's first checkpoint")
+        # Between two periodic saves: 3 steps past the first one.
+        reached = loop.wait(
+            lambda: (s := reported_step(loop, namespace, "gn", 1)) >= save_period + 3 and s,
+            timeout=180,
+            what="a report 3 steps past the first checkpoint",
+        )
+        chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gn", 1))
+        evicted = time.monotonic()
+        saved = loop.wait(
+            lambda: notice_records(loop.run_status(namespace, "gn"), 1),
+            timeout=60,
+            what="the notice's checkpoint recorded",
+        )[0]
+        notice_to_recorded = time.monotonic() - evicted
+        final = loop.wait_phase(namespace, "gn", "Succeeded", timeout=600)
+        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    finally:
+        if reference.poll() is None:
+            chaos.kill_process(reference)
+    print(f"\nFIGURES notice_to_recorded_checkpoint_s={notice_to_recorded:.2f} notice_step={saved['step']}")
+
+    ended = final["attempts"][0]
+    assert ended["reason"] == "Preempted" and ended["stepsLost"] == 0, ended
+    assert saved["step"] >= reached
+    assert final["attempt"]["number"] == 2 and final["attempt"]["resumedFrom"] == saved["step"], final["attempt"]
+    assert f"--resume {saved['step']}" in (
+        loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/gn-a2") or {}
+    ).get("spec", {}).get("entrypoint", "")
+    events = loop.plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    assert any(e.get("reason") == NOTICE for e in json.loads(events)["items"]), "no PreemptionNotice event"
+    latest = final["checkpoints"]["latest"]
+    uninterrupted = json.loads((tmp_path / "gn" / f"step_{steps}" / "manifest.json").read_text())
+    assert latest["step"] == steps and latest["weightsSha256"] == uninterrupted["weights_sha256"]
+
+
+def test_a_grace_period_too_short_for_a_save_leaves_no_torn_checkpoint_and_the_recorded_step_is_used(
+    graceful: Loop, namespace: str
+) -> None:
+    loop = graceful
+    save_period = 5
+    run = loop.tiny_run("gs", claim="gs-checkpoints", steps=16, checkpoint={"savePeriod": save_period})
+    run["spec"]["ray"]["head"]["terminationGracePeriodSeconds"] = 2
+    loop.plane.apply(loop.checkpoints_pvc("gs-checkpoints"), run, namespace=namespace)
+    loop.wait(lambda: recorded_by(loop, namespace, "gs", 1), timeout=420, what="attempt 1's first checkpoint")
+    loop.wait(
+        lambda: reported_step(loop, namespace, "gs", 1) >= save_period + 2,
+        timeout=180,
+        what="a report 2 steps past the first checkpoint",
+    )
+    recorded = max(recorded_by(loop, namespace, "gs", 1))
+    chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gs", 1))
+    loop.wait(lambda: recorded_by(loop, namespace, "gs", 2), timeout=420, what="attempt 2's first checkpoint")
+    status = loop.run_status(namespace, "gs")
+    ended = status["attempts"][0]
+    assert ended["reason"] == "Preempted" and ended["stepsLost"] > 0, ended
+    assert not notice_records(status, 1), history(status)
+    recorded = max(c["step"] for c in history(status) if c["attempt"] == 1)
+    assert status["attempt"]["number"] == 2 and status["attempt"]["resumedFrom"] == recorded, status["attempt"]
+    directory = run_directory(loop, namespace, "gs-checkpoints", "gs")
+    on_disk = complete_steps(directory, "gs")  # raises on a torn step_N
+    assert recorded in on_disk and not [s for s in on_disk if recorded < s < recorded + save_period], on_disk
+
+
+def test_a_notice_during_a_periodic_save_is_answered_by_that_save(graceful: Loop, namespace: str) -> None:
+    loop = graceful
+    save_period = 5
+    loop.bed.runner.add_env(
+        {"trainingrun.dev/run": "gd", "trainingrun.dev/attempt": "1"},
+        {"TRAININGRUN_CRASH_AT": f"policy_saved@{2 * save_period}~8"},
+    )
+    loop.plane.apply(
+        loop.checkpoints_pvc("gd-checkpoints"),
+        loop.tiny_run("gd", claim="gd-checkpoints", steps=16, checkpoint={"savePeriod": save_period}),
+        namespace=namespace,
+    )
+    directory = run_directory(loop, namespace, "gd-checkpoints", "gd")
+    loop.wait(
+        lambda: (directory / "crash-markers" / f"held-at-policy_saved@{2 * save_period}").exists(),
+        timeout=420,
+        what="attempt 1 in the middle of its second periodic save",
+    )
+    chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gd", 1))
+    loop.wait(lambda: recorded_by(loop, namespace, "gd", 2), timeout=420, what="attempt 2's first checkpoint")
+    status = loop.run_status(namespace, "gd")
+    by_1 = [c for c in history(status) if c["attempt"] == 1]
+    assert [c["step"] for c in by_1] == [save_period, 2 * save_period], by_1
+    assert [c.get("reason") for c in by_1] == ["Periodic", "Periodic"], by_1
+    ended = status["attempts"][0]
+    assert ended["reason"] == "Preempted" and ended["stepsLost"] == 0, ended
+    assert status["attempt"]["resumedFrom"] == 2 * save_period, status["attempt"]
