@@ -29,6 +29,10 @@ verdict):
 7. the head pod is gone, being deleted or terminated while the attempt
    should be running (KubeRay 1.5 leaves the RayJob Running forever) -> InfrastructureFailure
 8. the RayJob itself disappeared after the attempt was running     -> InfrastructureFailure
+9. the attempt is Running, its head's node is not NotReady, and its driver reported no new step within the
+   stall watchdog's deadline (`watchdog.py`; before its first report: the start-up bound) -> Stalled
+   (before then the attempt goes on; `Watch.left` says when to look again; a deleted head in its grace period
+   is left to rule 1, silent or not: its driver may be saving on the notice)
 Then: an ApplicationFailure that is not permanent, in an attempt that lost a worker pod, is Preempted (the lost
 worker explains it). Otherwise the attempt is still going (None).
 
@@ -43,6 +47,7 @@ import dataclasses
 import datetime
 import enum
 
+from trainingrun_operator import watchdog
 from trainingrun_operator.observation import (
     EVICTION_REASONS,
     AttemptObservation,
@@ -76,6 +81,7 @@ class FailureClass(str, enum.Enum):
     APPLICATION_FAILURE = "ApplicationFailure"  # the driver exited non-zero on its own; failure budget
     INFRASTRUCTURE_FAILURE = "InfrastructureFailure"  # submission failed, image pull, head lost; failure budget
     FAILED_RESTORE = "FailedRestore"  # the checkpoint to resume from is corrupt or mismatched; failure budget
+    STALLED = "Stalled"  # the driver stopped reporting steps (a deadlock, a hung collective); failure budget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +110,7 @@ class Context:
     restore_error: str | None = None  # status.runtime.restoreError, if that report is this attempt's
     last_report: datetime.datetime | None = None  # status.runtime.updated, if that report is this attempt's
     workers_lost: tuple[str, ...] = ()  # worker pods this attempt lost so far, oldest first (this pass's included)
+    watch: watchdog.Watch | None = None  # the stall watchdog of a Running attempt (None: off, or not Running)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,4 +328,12 @@ def _classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
         return verdict
     if obs.backend == "kuberay" and job is None and ctx.running:
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, "the RayJob was deleted")
-    return None
+    return _stalled(obs, ctx)
+
+
+def _stalled(obs: AttemptObservation, ctx: Context) -> Outcome | None:
+    """Rule 9. A head on a NotReady node is left to rule 2: its silence is the node's, and the grace is the node's."""
+    if ctx.watch is None or not ctx.running or _not_ready_head(obs) is not None:
+        return None
+    why = ctx.watch.verdict(ctx.now)
+    return Outcome(FailureClass.STALLED, why) if why else None

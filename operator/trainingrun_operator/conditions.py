@@ -2,6 +2,10 @@
 
 `decision.py` derives every condition from the phase and the recorded checkpoints on each pass; this module
 keeps lastTransitionTime stable while a condition's status does not change, as `kubectl wait` expects.
+
+A False condition says only which phase the run is in, with one exception: while the run is Restarting, `Running`
+says why the last attempt ended (its failure class as the reason, and the run's message: a stall names the last
+step the driver reported and when), as a Deployment's `Progressing` does with `ProgressDeadlineExceeded`.
 """
 
 from __future__ import annotations
@@ -52,8 +56,11 @@ def derive(
         return _set(old, kind, False, phase.value, f"the run is {phase.value}", now, generation)
 
     ckpt_message = f"step {latest.step} at {latest.path}" if latest else "no checkpoint recorded yet"
+    restarting = phase is Phase.RESTARTING and bool(reason)
     return [
-        state("Running", phase is Phase.RUNNING),
+        _set(old, "Running", False, reason, message, now, generation)
+        if restarting
+        else state("Running", phase is Phase.RUNNING),
         _set(
             old,
             "CheckpointAvailable",

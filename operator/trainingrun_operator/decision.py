@@ -14,7 +14,8 @@ One pass runs in a fixed order:
       Pending     -> suspended? Suspended : start attempt 1
       Starting    -> count lost worker pods; classify; running? Running; RayJob missing? create again (409 = adopt)
       Running     -> count lost worker pods; classify; ended? charge the budget -> Restarting(reason) | Failed |
-                     Succeeded; a head on a NotReady node within its grace? look again when the grace ends
+                     Succeeded; a head on a NotReady node within its grace? look again when the grace ends;
+                     the stall watchdog on? look again when its deadline would pass (`watchdog.py`)
       Restarting  -> wait until the old attempt's pods are gone and the backoff passed -> start next
       Suspended   -> unsuspended and pods gone? start next attempt
     derive conditions; check the transition table; diff into a merge patch (never touching status.runtime)
@@ -36,7 +37,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from trainingrun_operator import conditions, model, naming, patching, phases, restarts, validation
+from trainingrun_operator import conditions, model, naming, patching, phases, restarts, validation, watchdog
 from trainingrun_operator.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
@@ -188,9 +189,14 @@ class _Pass:
         return self.inputs.observed or AttemptObservation(number=number)
 
     def delete_current_rayjob(self) -> None:
-        job = self.observed.rayjob
+        obs, attempt = self.observed, self.attempt
+        job = obs.rayjob
         if job is not None and not job.deleting:
             self.actions.append(DeleteRayJob(job.name))
+        elif job is None and obs.backend == "local" and obs.pods and attempt is not None and attempt.ray_job_name:
+            # A local attempt has no RayJob: its driver's processes stand for it, and the local backend kills them
+            # on this action, again on every pass while any is left (one Ray may start a worker during a kill).
+            self.actions.append(DeleteRayJob(attempt.ray_job_name))
 
     def pods_gone(self) -> bool:
         obs = self.observed
@@ -432,14 +438,15 @@ class _Pass:
         self.move(Phase.SUSPENDED, "Suspended", "spec.suspend is true")
 
     def context(self, running: bool) -> Context:
-        attempt = self.attempt
+        attempt, policy = self.attempt, self.spec.restart_policy
         return Context(
             now=self.inputs.now,
-            node_not_ready_seconds=self.spec.restart_policy.node_not_ready_seconds,
+            node_not_ready_seconds=policy.node_not_ready_seconds,
             running=running,
             restore_error=self.restore_error(),
             last_report=self.last_report(),
             workers_lost=tuple(attempt.lost_worker_pods or ()) if attempt else (),
+            watch=watchdog.watch(policy, attempt, self.status.runtime) if running and attempt else None,
         )
 
     def on_active(self) -> None:
@@ -452,15 +459,33 @@ class _Pass:
             if left is not None:
                 self.wait(left)  # a head's NotReady node: look again when its grace ends, even without an event
             if not running and self._looks_running():
-                number = self.attempt.number if self.attempt else 0
-                self.emit("Normal", "AttemptRunning", f"attempt {number} is running")
-                self.move(Phase.RUNNING, "AttemptRunning", f"attempt {number} is running")
+                self._mark_running()
             elif not running and self.observed.rayjob is None and self.observed.backend == "kuberay":
                 self._recreate_missing()
+            self._watch_for_stalls()
         elif outcome.succeeded:
             self.succeed(outcome.detail)
         else:
             self.attempt_failed(outcome)
+
+    def _mark_running(self) -> None:
+        attempt = self.attempt
+        number = attempt.number if attempt else 0
+        if attempt is not None:
+            self.update(attempt=attempt.model_copy(update={"running_since": self.now}))
+        self.emit("Normal", "AttemptRunning", f"attempt {number} is running")
+        self.move(Phase.RUNNING, "AttemptRunning", f"attempt {number} is running")
+
+    def _watch_for_stalls(self) -> None:
+        """A Running attempt under the stall watchdog: look again when its deadline would pass, since the driver's
+        progress reports wake no one. A report that came meanwhile moves the deadline; that pass asks again."""
+        attempt = self.attempt
+        if attempt is None or self.phase is not Phase.RUNNING:
+            return
+        watch = watchdog.watch(self.spec.restart_policy, attempt, self.status.runtime)
+        due = watch.left(self.inputs.now) if watch else None
+        if due:  # 0: past the deadline yet not a stall (a NotReady node or a deleted head's grace decides; it waits)
+            self.wait(due)
 
     def _looks_running(self) -> bool:
         obs = self.observed

@@ -11,7 +11,8 @@ for the RayJob:
     decision.decide(...)                      ──► write DIR/<run>/status.json (same shape as the CR status)
     act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` (`driver_process`); one local
                            Ray node, so generation runs beside the driver whatever spec.ray.workers says
-         DeleteRayJob   -> kill every process of that attempt (its local Ray goes with it)
+         DeleteRayJob   -> kill every process of the attempt (its local Ray goes with it); the decision asks for
+                           this also when the attempt stalled (`watchdog.py`)
          EnsureIdentity -> nothing (no API server)
          Event          -> the console and DIR/<run>/events.jsonl
     until Succeeded or Failed; then DIR/<run>/reward.png (reward per step, attempts marked).

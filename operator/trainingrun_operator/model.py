@@ -179,8 +179,8 @@ class Backoff(_Wire):
 
 
 class RestartPolicy(_Wire):
-    """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3), and the bounds on
-    a lost worker's replacement and on a head whose node stopped reporting."""
+    """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3), the bounds on
+    a lost worker's replacement and on a head whose node stopped reporting, and the stall watchdog's deadlines."""
 
     preemption_budget: int | None = Field(default=None, ge=1)
     failure_budget: int = Field(default=3, ge=1)
@@ -189,6 +189,12 @@ class RestartPolicy(_Wire):
     """The driver's bound without any generation worker (runtime `generation.replacementSeconds`)."""
     node_not_ready_seconds: float = Field(default=60.0, ge=0)
     """How long a head on a NotReady node may stay before the attempt ends (`classification`)."""
+    progress_deadline_seconds: float | None = Field(default=None, ge=0)
+    """The longest a Running attempt's driver may go without reporting a new step before the attempt ends as
+    Stalled (`watchdog`); unset or 0: no watchdog."""
+    startup_deadline_seconds: float = Field(default=600.0, ge=0)
+    """With the watchdog on: the longest from the attempt reaching Running to its driver's first report (Ray
+    start, restore, the first step); 0: no bound before the first report."""
 
 
 class TrainingRunSpec(_Wire):
@@ -268,6 +274,8 @@ class AttemptRecord(_Wire):
     number: int = Field(ge=1)
     ray_job_name: str | None = None
     start: str | None = None
+    running_since: str | None = None
+    """When the attempt reached Running; the stall watchdog's start-up bound counts from here."""
     end: str | None = None
     resumed_from: int | None = None
     reason: str | None = None
@@ -286,6 +294,7 @@ class RestartCounts(_Wire):
     application_failure: int = 0
     infrastructure_failure: int = 0
     failed_restore: int = 0
+    stalled: int = 0
 
 
 class CheckpointsStatus(_Wire):

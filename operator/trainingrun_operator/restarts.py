@@ -4,7 +4,7 @@ Budgets are separate by cause:
 - Preempted attempts are charged to `restartPolicy.preemptionBudget` (absent = unlimited): the run survives
   that many preemptions in total, the next one fails it. They never count as failures and restart without
   backoff, since the platform, not the job, ended them.
-- ApplicationFailure, InfrastructureFailure and FailedRestore are charged to `restartPolicy.failureBudget`:
+- ApplicationFailure, InfrastructureFailure, FailedRestore and Stalled are charged to `restartPolicy.failureBudget`:
   the run fails when that many attempts in a row have failed. An attempt that recorded a new checkpoint
   resets the count (done where the checkpoint is recorded), so a long run that fails rarely never runs out.
   The delay before the next attempt is initialSeconds * factor**(n-1), capped at maxSeconds.
@@ -24,6 +24,7 @@ _COUNTER = {
     FailureClass.APPLICATION_FAILURE: "application_failure",
     FailureClass.INFRASTRUCTURE_FAILURE: "infrastructure_failure",
     FailureClass.FAILED_RESTORE: "failed_restore",
+    FailureClass.STALLED: "stalled",
 }
 
 

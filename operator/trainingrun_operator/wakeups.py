@@ -57,9 +57,10 @@ class Wakeups:
 
 
 PROGRESS_ONLY = frozenset({"step", "reward", "updated"})
-"""`status.runtime` fields a decision reads only when an attempt ends (`stepsLost`), from the pass that ends it, and
-while the head's node is NotReady (`updated`), from the pass its grace asked for: the driver reports them about
-once a second, and they alone wake no one."""
+"""`status.runtime` fields a decision reads only when an attempt ends (`stepsLost`), from the pass that ends it,
+while the head's node is NotReady (`updated`), from the pass its grace asked for, and for the stall watchdog
+(`step`, `updated`), from the pass its deadline asked for: the driver reports them about once a second, and they
+alone wake no one."""
 
 
 def _news(run: Mapping[str, Any]) -> tuple[object, ...]:

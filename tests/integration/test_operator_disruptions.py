@@ -10,6 +10,8 @@ played by the double of test_operator_double.py (see there for what it does and 
 - a queue (Kueue) suspends the attempt's RayJob: Preempted, and attempt 2 resumes from the recorded step;
 - the user suspends the TrainingRun: Suspended, no budget charged, checkpoints kept; unsuspended, the run
   resumes from the recorded step and can succeed.
+- the driver stops reporting (the stall watchdog): its progress reports wake no one, so only the pass that the
+  decision asked for at the deadline notices it; Stalled, the RayJob deleted, attempt 2 resumes.
 
 Everything asserted is read back through the API server: status, conditions, events and RayJob objects.
 """
@@ -367,3 +369,36 @@ def test_a_driver_that_found_no_generation_worker_in_time_is_preempted_and_attem
     assert status["restarts"]["preempted"] == 1 and status["restarts"]["applicationFailure"] == 0
     assert status.get("consecutiveFailures", 0) == 0
     assert {"Preempted", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))
+
+
+def test_a_driver_that_stops_reporting_is_stalled_at_its_deadline_and_attempt_two_resumes_from_the_recorded_step(
+    cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    deadline = 4.0
+    policy = {"backoff": {"initialSeconds": 0.2, "maxSeconds": 1, "factor": 2}, "progressDeadlineSeconds": deadline}
+    cluster.apply_run(tiny_run(restartPolicy=policy))
+    kuberay.start("tiny-a1")
+    eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 1 Running")
+    cluster.report("tiny", attempt=1, step=10, updated=timestamps.now())  # then silence: no event wakes the run
+    reported = time.monotonic()
+    eventually(lambda: checkpoint_recorded(cluster, "tiny", 10), what="checkpoint step 10 recorded")
+    assert cluster.status("tiny")["phase"] == "Running"
+
+    ended = eventually(
+        lambda: (lambda a: a[0] if a and a[0].get("end") else None)(cluster.status("tiny").get("attempts")),
+        timeout=60,
+        what="attempt 1 ended by the stall watchdog",
+    )
+    quiet = time.monotonic() - reported
+    assert ended["reason"] == "Stalled", ended
+    assert (
+        "its last report was step 10 at" in ended["message"]
+        and f"progressDeadlineSeconds: {deadline:g}" in ended["message"]
+    ), ended
+    assert deadline - 1 <= quiet < deadline + 10, f"ended {quiet:.1f}s after the last report"
+    job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after the stall")
+    assert args_of(job2)["--resume"] == "10"
+    assert cluster.rayjob("tiny-a1") is None, "the stalled attempt's RayJob is deleted"
+    status = cluster.status("tiny")
+    assert status["restarts"]["stalled"] == 1 and status["consecutiveFailures"] == 1
+    assert {"Stalled", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import observation
+from trainingrun_operator import observation, watchdog
 from trainingrun_operator.classification import Context, FailureClass, LostWorker, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
 
@@ -44,12 +44,17 @@ def failed_job(message: str, reason: str = "AppFailed") -> RayJobObservation:
     )
 
 
-PRE, APP, INFRA, RESTORE = (
+PRE, APP, INFRA, RESTORE, STALLED = (
     FailureClass.PREEMPTED,
     FailureClass.APPLICATION_FAILURE,
     FailureClass.INFRASTRUCTURE_FAILURE,
     FailureClass.FAILED_RESTORE,
+    FailureClass.STALLED,
 )
+SILENT = watchdog.Watch(progress_seconds=60, startup_seconds=300, running_since=ago(600), step=12, reported=ago(61))
+"""A Running attempt whose driver last reported step 12 61 s ago, past its 60 s deadline."""
+NEVER_REPORTED = watchdog.Watch(progress_seconds=60, startup_seconds=300, running_since=ago(300))
+"""A Running attempt whose driver has not reported in the 300 s of its start-up bound."""
 
 TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] = [
     # (case, observation, context, expected class, permanent)
@@ -254,6 +259,30 @@ TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] 
         PRE,
         False,
     ),
+    ("the driver silent past the progress deadline", obs(), ctx(watch=SILENT), STALLED, False),
+    ("no first report within the start-up bound", obs(), ctx(watch=NEVER_REPORTED), STALLED, False),
+    (
+        "a silent local driver",
+        AttemptObservation(number=1, backend="local", pods=(HEAD,)),
+        ctx(watch=SILENT),
+        STALLED,
+        False,
+    ),
+    (
+        "a silent driver after a worker loss is still stalled",
+        obs(),
+        ctx(watch=SILENT, workers_lost=("w",)),
+        STALLED,
+        False,
+    ),
+    ("an exit code explains the silence", obs(job=failed_job("exit code 1")), ctx(watch=SILENT), APP, False),
+    (
+        "a preempted head explains the silence",
+        obs(pods=(dataclasses.replace(HEAD, disruption="PreemptionByScheduler"),)),
+        ctx(watch=SILENT),
+        PRE,
+        False,
+    ),
     (
         "local driver killed by chaos",
         AttemptObservation(
@@ -306,6 +335,25 @@ def test_a_finished_driver_is_success(observed: AttemptObservation) -> None:
 )
 def test_an_attempt_still_going_has_no_outcome(observed: AttemptObservation, running: bool) -> None:
     assert classify(observed, ctx(running=running)) is None
+
+
+def test_a_driver_within_its_deadlines_is_still_going() -> None:
+    reporting = dataclasses.replace(SILENT, reported=ago(59))
+    starting = dataclasses.replace(NEVER_REPORTED, running_since=ago(299))
+    assert classify(obs(), ctx(watch=reporting)) is None
+    assert classify(obs(), ctx(watch=starting)) is None
+
+
+def test_only_a_running_attempt_can_stall() -> None:
+    initializing = obs(job=RayJobObservation(name="r-a1", deployment_status="Initializing"))
+    assert classify(initializing, ctx(running=False, watch=SILENT)) is None
+
+
+def test_a_head_on_a_not_ready_node_is_left_to_its_grace_not_to_the_watchdog() -> None:
+    observed = obs(pods=(dataclasses.replace(HEAD, node_ready=False, node_ready_changed=ago(10)),))
+    assert classify(observed, ctx(watch=SILENT, last_report=ago(30))) is None
+    outcome = classify(observed, ctx(watch=SILENT, last_report=ago(61)))
+    assert outcome is not None and outcome.failure is PRE, "the node's grace decides, as a preemption"
 
 
 def test_the_details_name_the_cause_the_lost_worker_and_the_bound() -> None:

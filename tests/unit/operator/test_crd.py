@@ -83,13 +83,15 @@ def test_wide_output_adds_the_reason_and_the_workers_lost_by_the_attempt() -> No
     assert wide == {"Workers-Lost": ".status.attempt.workersLost", "Reason": ".status.reason"}
 
 
-def test_restart_policy_bounds_worker_replacement_and_a_not_ready_head_node_with_defaults() -> None:
+def test_restart_policy_bounds_worker_replacement_a_not_ready_head_node_and_stalls_with_defaults() -> None:
     policy = _schema()["properties"]["spec"]["properties"]["restartPolicy"]["properties"]
     assert {
-        k: (policy[k]["type"], policy[k]["minimum"], policy[k]["default"]) for k in policy if k.endswith("Seconds")
+        k: (policy[k]["type"], policy[k]["minimum"], policy[k].get("default")) for k in policy if k.endswith("Seconds")
     } == {
         "workerReplacementSeconds": ("number", 0, 300),
         "nodeNotReadySeconds": ("number", 0, 60),
+        "progressDeadlineSeconds": ("number", 0, None),  # unset: no stall watchdog
+        "startupDeadlineSeconds": ("number", 0, 600),
     }
 
 

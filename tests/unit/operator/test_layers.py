@@ -21,6 +21,7 @@ PURE = [
     "naming",
     "validation",
     "decision",
+    "watchdog",
     "rayjob",
     "identity",
     "departures",

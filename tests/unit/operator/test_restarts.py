@@ -29,6 +29,7 @@ def test_backoff_with_factor_one_stays_at_the_initial_delay() -> None:
         (FailureClass.APPLICATION_FAILURE, "application_failure", 2, True),
         (FailureClass.INFRASTRUCTURE_FAILURE, "infrastructure_failure", 2, True),
         (FailureClass.FAILED_RESTORE, "failed_restore", 2, True),
+        (FailureClass.STALLED, "stalled", 2, True),
     ],
 )
 def test_each_failure_class_is_charged_to_its_budget(
