@@ -1,13 +1,22 @@
 """One attempt's driver as a local process: `python -m trainingrun_runtime ...` and everything it starts.
 
     spawn(DriverArgs(...), log_path) ─► a new session; every process it starts (Ray's GCS, raylet, workers,
-                                        actors) inherits MARKER_ENV=<marker> in its environment
+                                        actors) inherits MARKER_ENV=<marker> in its environment; on Linux the
+                                        driver gets SIGKILL when the thread that spawned it dies
     DriverProcess.alive()            ─► any of them still exists (the 'pods' of a local attempt)
     DriverProcess.kill(why)          ─► SIGKILL to the session and to every marked process: what a pod kill does
 
 Ray starts its GCS, raylet and workers in sessions of their own, so the driver's process group alone does not
 reach them; the marker does (`processes.carrying`). Used by the local backend (`local`, `trainingrun run`) and
 by the tests and benchmarks that start a driver by hand (`tests/support/launcher.py`). Standard library only.
+
+The driver dies with its parent (`bound_to_parent`): a few lines of Python set PR_SET_PDEATHSIG to SIGKILL, check
+that the parent is still there (it may have died before the prctl), then exec the driver; the setting survives the
+exec. Not `preexec_fn`, which is unsafe in a process with threads (the local supervisor's progress bar has one).
+The kernel sends the signal when the *thread* that spawned the driver ends, so spawn from one that lives as long
+as the driver should (the supervisor's main thread). The local Ray the driver started runs in sessions of its
+own and does not all go with the driver, or not at once: the supervisor's reaper (`reaper.py`) kills every
+process that carries the supervisor's markers.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from typing import Any
 
 from trainingrun_operator import processes
 
-__all__ = ["MARKER_ENV", "DriverArgs", "DriverProcess", "spawn"]
+__all__ = ["MARKER_ENV", "DriverArgs", "DriverProcess", "bound_to_parent", "spawn"]
 
 MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
 """The environment variable every process of a local attempt carries, so that all of them can be found."""
@@ -161,12 +170,32 @@ def spawn(
     The driver inherits this process's environment without the names in `drop_env`, with `env` on top.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    mark = marker if marker is not None else f"{args.root}/{args.run}#{args.attempt}#{uuid.uuid4().hex[:8]}"
+    # `<run dir>#<owner>#<attempt>`, the shape of `local.marker` too; a driver started by hand is owned by no
+    # supervisor (its owner is not a pid), so no re-run of `trainingrun run` takes it for an orphan.
+    owner = f"by-hand-{uuid.uuid4().hex[:8]}"
+    mark = marker if marker is not None else f"{args.root}/{args.run}#{owner}#{args.attempt}"
     child_env = {k: v for k, v in os.environ.items() if k not in drop_env}  # then `env` on top
     child_env.update(env or {})
     child_env[MARKER_ENV] = mark
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            args.argv(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env
+            bound_to_parent(args.argv()), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env
         )
     return DriverProcess(args.attempt, popen, log_path, mark)
+
+
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(signal.SIGKILL))  # PR_SET_PDEATHSIG, kept across exec
+if os.getppid() != int(sys.argv[1]):  # the parent died before the prctl: no signal would come
+    os.kill(os.getpid(), signal.SIGKILL)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def bound_to_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` as a command that gets SIGKILL when the calling thread (of this process) dies: PR_SET_PDEATHSIG, set
+    by `python -c` before it execs `argv` (same pid, same environment). Linux only; elsewhere `argv` as it is."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]

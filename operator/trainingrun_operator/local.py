@@ -19,6 +19,12 @@ for the RayJob:
 
 Re-running the same command resumes: status.json is read back, and an attempt whose process is not ours (the
 previous supervisor stopped) ends as Preempted, so the next attempt resumes from the recorded checkpoint.
+
+The supervisor owns its drivers: when it dies, even by SIGKILL, they die too. The driver gets SIGKILL from the
+kernel when the supervisor goes (`driver_process.bound_to_parent`), its local Ray goes with it, and the
+supervisor's reaper (`reaper.py`, its own small process) kills whatever still carries one of this supervisor's
+markers (`<run dir>#<supervisor pid>#<attempt>`). A re-run first kills what a dead supervisor of the same run
+directory left behind, should its reaper have died too, so that two drivers never train side by side.
 `--chaos` SIGKILLs the driver at random moments, each time after the attempt recorded a new checkpoint, to show
 a resume; those kills are classified as preemptions (they are not the program's fault).
 """
@@ -40,12 +46,22 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from trainingrun_operator import decision, driver_process, errors, model, patching, runfile, validation
+from trainingrun_operator import (
+    decision,
+    driver_process,
+    errors,
+    model,
+    patching,
+    processes,
+    reaper,
+    runfile,
+    validation,
+)
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
 from trainingrun_runtime import timestamps
 
-__all__ = ["Chaos", "LocalRun", "read_rewards", "run_file"]
+__all__ = ["Chaos", "LocalRun", "marker", "read_rewards", "run_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +116,12 @@ class Chaos:
             self.due = None
             return True
         return False
+
+
+def marker(run_dir: pathlib.Path, supervisor: int, attempt: int | None = None) -> str:
+    """MARKER_ENV of the processes of `attempt` of the run in `run_dir`, started by the supervisor with pid
+    `supervisor`: `<run dir>#<supervisor>#<attempt>`; without an attempt, the prefix all of them share."""
+    return f"{run_dir}#{supervisor}#{'' if attempt is None else attempt}"
 
 
 def read_rewards(run_dir: pathlib.Path, attempt: int | None = None) -> dict[int, list[tuple[int, float]]]:
@@ -208,10 +230,24 @@ class LocalRun:
             run_uid=f"local-{self.name}-{self.status.get('startTime')}",
         )
         log_path = self.dir / "attempts" / str(action.number) / "driver.log"
-        marker = f"{self.dir}#{action.number}#{os.getpid()}"
-        proc = driver_process.spawn(args, log_path, marker=marker)
+        proc = driver_process.spawn(args, log_path, marker=marker(self.dir, os.getpid(), action.number))
         self.procs[action.number] = proc
         logger.debug("attempt %d: pid %d", action.number, proc.pid)
+
+    def sweep_orphans(self) -> list[int]:
+        """SIGKILL what a dead supervisor of this run directory left running (its reaper died with it, or was not
+        there); the pids killed. A live supervisor's processes are left alone."""
+        dead: set[int] = set()
+        for value in processes.marked(driver_process.MARKER_ENV).values():
+            run_dir, _, supervisor = value.rpartition("#")[0].rpartition("#")  # <run dir>#<supervisor>#<attempt>
+            if run_dir == str(self.dir) and supervisor.isdigit() and not processes.exists(int(supervisor)):
+                dead.add(int(supervisor))
+        killed = [pid for sup in sorted(dead) for pid in reaper.sweep(driver_process.MARKER_ENV, marker(self.dir, sup))]
+        if killed:
+            logger.warning(
+                "killed %d processes left by earlier supervisors %s of %s", len(killed), sorted(dead), self.dir
+            )
+        return killed
 
     def act(self, action: decision.Action) -> None:
         if isinstance(action, decision.CreateAttempt):
@@ -268,6 +304,8 @@ class LocalRun:
         """Pass after pass until the run is Succeeded or Failed; every driver is gone on return."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.load_status()
+        self.sweep_orphans()
+        guard = reaper.start(driver_process.MARKER_ENV, marker(self.dir, os.getpid()), self.dir / "reaper.log")
         try:
             while True:
                 result = self.step()
@@ -279,6 +317,7 @@ class LocalRun:
                 time.sleep(TICK_SECONDS)
         finally:
             self.reap()
+            guard.stop()
 
     def reap(self) -> None:
         for proc in self.procs.values():

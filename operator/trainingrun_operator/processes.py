@@ -10,21 +10,40 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["carrying"]
+__all__ = ["carrying", "exists", "marked"]
 
 
-def carrying(key: str, value: str) -> list[int]:
-    """Pids whose environment has `key=value` (processes that exited meanwhile or cannot be read are skipped)."""
-    wanted = f"{key}={value}".encode()
-    found = []
+def marked(key: str) -> dict[int, str]:
+    """pid -> the value of `key` in its environment, for every process that has it (processes that exited
+    meanwhile, zombies and those that cannot be read are skipped)."""
+    wanted = f"{key}=".encode()
+    found = {}
     with contextlib.suppress(FileNotFoundError):
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as env:
-                    if wanted in env.read().split(b"\0"):
-                        found.append(int(entry))
+                    variables = env.read().split(b"\0")
             except OSError:
                 continue
+            value = next((v[len(wanted) :] for v in variables if v.startswith(wanted)), None)
+            if value is not None:
+                found[int(entry)] = value.decode(errors="replace")
     return found
+
+
+def carrying(key: str, value: str) -> list[int]:
+    """Pids whose environment has `key=value`."""
+    return sorted(pid for pid, found in marked(key).items() if found == value)
+
+
+def exists(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

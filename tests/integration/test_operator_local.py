@@ -1,7 +1,11 @@
-"""The local backend (local.py) with the real driver: `trainingrun run` on the shipped tiny example with --chaos
+"""The local backend (local.py) with the real driver: `trainingrun run` on the shipped tiny example
 (`python -m trainingrun_runtime`: real Ray, TransferQueue, torch; no cluster, hence `integration`, not `e2e`).
-The driver is killed at random; the run must resume from its recorded checkpoints and finish, and its status
-file must show every attempt and checkpoint."""
+
+- --chaos: the driver is killed at random; the run must resume from its recorded checkpoints and finish, and its
+  status file must show every attempt and checkpoint.
+- `trainingrun run` SIGKILLed mid-training: no process of its attempt is left moments later (the driver's parent-
+  death signal, Ray's own fate sharing, the reaper), and the same command run again resumes and finishes.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 import yaml
+
+from support import waiting
+from trainingrun_operator import driver_process, local, processes
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +34,57 @@ def trainingrun(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "120"}
     )
+
+
+def start_trainingrun(*args: str, log: pathlib.Path) -> subprocess.Popen[bytes]:
+    """`trainingrun ARGS` in the background, its output in `log`."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainingrun_operator.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+
+
+def shortened(tmp_path: pathlib.Path, *, steps: int, save_period: int, **restart_policy: Any) -> pathlib.Path:
+    """The tiny example with fewer steps, another save period and `restart_policy` fields, as a file to run."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["trainer"]["steps"] = steps
+    doc["spec"]["checkpoint"]["savePeriod"] = save_period
+    doc["spec"]["restartPolicy"].update(restart_policy)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def read_json(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def attempt_processes(run_dir: pathlib.Path, attempt: int, supervisor: int) -> dict[int, str]:
+    """pid -> command line of every process of a local attempt (the marker `local.LocalRun.spawn` gives them)."""
+    found = {}
+    for pid in processes.carrying(driver_process.MARKER_ENV, local.marker(run_dir, supervisor, attempt)):
+        try:
+            found[pid] = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+    return found
+
+
+def recorded_with_progress(status_path: pathlib.Path, attempt: int) -> int | None:
+    """The step of a checkpoint that `attempt` recorded, once its driver has reported a step beyond it."""
+    status = read_json(status_path)
+    latest = (status.get("checkpoints") or {}).get("latest") or {}
+    runtime = status.get("runtime") or {}
+    if latest.get("attempt") != attempt or runtime.get("attempt") != attempt:
+        return None
+    return int(latest["step"]) if int(runtime.get("step") or 0) > int(latest["step"]) else None
 
 
 @pytest.mark.timeout(1500)
@@ -54,3 +114,46 @@ def test_trainingrun_run_with_chaos_resumes_from_recorded_checkpoints_and_finish
 
     again = trainingrun("run", str(EXAMPLE), "--root", str(tmp_path), timeout=120)
     assert again.returncode == 0 and "already succeeded" in again.stderr
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_trainingrun_takes_its_attempt_down_and_the_same_command_resumes(tmp_path: pathlib.Path) -> None:
+    run_file = shortened(tmp_path, steps=20, save_period=5)
+    root = tmp_path / "runs"
+    run_dir = root / "tiny"
+    supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "first.log")
+    try:
+        waiting.wait(lambda: recorded_with_progress(run_dir / "status.json", 1), timeout=600,
+                     what="attempt 1 training past a recorded checkpoint",
+                     diagnostics=lambda: (tmp_path / "first.log").read_text(errors="replace")[-4000:])  # fmt: skip
+        training = attempt_processes(run_dir, 1, supervisor.pid)
+        assert any("-m trainingrun_runtime" in cmd for cmd in training.values()), training
+        assert any("ray::SingleController" in cmd for cmd in training.values()), training
+        supervisor.kill()  # SIGKILL: no finally, no atexit in the supervisor
+        supervisor.wait(30)
+        killed_at = time.monotonic()
+        waiting.wait(
+            lambda: attempt_processes(run_dir, 1, supervisor.pid) == {},
+            timeout=15,
+            what="no process of attempt 1 left",
+            diagnostics=lambda: repr(attempt_processes(run_dir, 1, supervisor.pid)),
+        )
+        gone_after = time.monotonic() - killed_at
+        trace = (run_dir / "attempts" / "1" / "events.jsonl").read_text()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(30)
+    recorded = (read_json(run_dir / "status.json").get("checkpoints") or {}).get("latest") or {}
+
+    again = trainingrun("run", str(run_file), "--root", str(root), timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    status = read_json(run_dir / "status.json")
+    first, second = status["attempts"]
+    assert first["reason"] == "Preempted" and "SupervisorRestarted" in first["message"], first
+    assert second["reason"] == "Succeeded" and second["resumedFrom"] >= recorded["step"], (second, recorded)
+    assert status["checkpoints"]["latest"]["step"] == 20 and status["checkpoints"]["latest"]["attempt"] == 2
+    assert (run_dir / "attempts" / "1" / "events.jsonl").read_text() == trace, "attempt 1 trained on after the kill"
+    assert "left by earlier supervisors" not in again.stderr, "the reaper, not the re-run, cleaned up"
+    reaped = (run_dir / "reaper.log").read_text().strip()  # the first supervisor's reaper has finished by now
+    print(f"\nFIGURES attempt_gone_after_supervisor_kill_s={gone_after:.2f} reaper_log={reaped!r}")

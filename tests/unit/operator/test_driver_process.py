@@ -70,3 +70,46 @@ def test_killing_an_attempt_kills_every_process_carrying_its_marker_even_in_anot
     assert not proc.alive()
     assert processes.carrying(driver_process.MARKER_ENV, marker) == []
     assert proc.killed_by == "ChaosKill"
+
+
+def test_a_driver_bound_to_its_parent_dies_when_the_parent_is_killed(tmp_path: pathlib.Path) -> None:
+    marker = f"bound-{os.getpid()}-{time.monotonic_ns()}"
+    # The "supervisor" starts its "driver" bound to itself, in a session of its own, and is then SIGKILLed.
+    supervisor = (
+        "import os, subprocess, sys, time\n"
+        "from trainingrun_operator import driver_process\n"
+        "argv = driver_process.bound_to_parent([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "child = subprocess.Popen(argv, start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, driver_process.MARKER_ENV: marker}
+    parent = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.PIPE, env=env)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    waiting.wait(
+        lambda: (
+            pathlib.Path(f"/proc/{child}/cmdline").read_bytes()
+            == f"{sys.executable}\0-c\0import time; time.sleep(60)\0".encode()
+        ),
+        timeout=10,
+        what="the driver exec'd under its own pid",
+        interval=0.05,
+    )
+    assert processes.carrying(driver_process.MARKER_ENV, marker) == sorted([parent.pid, child])
+    parent.kill()
+    parent.wait(10)
+    waiting.wait(
+        lambda: processes.carrying(driver_process.MARKER_ENV, marker) == [],
+        timeout=10,
+        what="the driver gone with its parent",
+        interval=0.05,
+    )
+
+
+def test_a_driver_whose_parent_died_before_the_binding_kills_itself() -> None:
+    argv = driver_process.bound_to_parent([sys.executable, "-c", "print('trained on')"])
+    parent_arg = argv.index(str(os.getpid()))
+    argv[parent_arg] = "1"  # as if this process had died and the child had been handed to init before the prctl
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == -9 and "trained on" not in done.stdout

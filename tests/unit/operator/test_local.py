@@ -124,3 +124,21 @@ def test_status_file_is_written_atomically_and_read_back_after_a_failure_as_a_ne
     assert not list(tiny.dir.glob("*.tmp"))
     tiny.load_status()
     assert tiny.status == {"attempts": [{"number": 1}]}
+
+
+def test_a_rerun_kills_what_a_dead_supervisor_of_the_same_run_left_and_nothing_else(
+    tiny: local.LocalRun, tmp_path: pathlib.Path
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)  # a supervisor pid that is no more
+    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tiny.dir, gone.pid, 3))
+    live = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tiny.dir, os.getppid(), 1))
+    other_run = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "other", gone.pid, 1))
+    try:
+        assert tiny.sweep_orphans() == [orphan.pid]
+        assert orphan.popen.wait(10) == -9
+        assert live.popen.poll() is None and other_run.popen.poll() is None
+    finally:
+        for proc in (orphan, live, other_run):
+            proc.kill("test")
+            proc.popen.wait(10)
