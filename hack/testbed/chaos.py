@@ -12,6 +12,8 @@ processes:
                                process of its pods is SIGKILLed (the machine is gone)
     lapse_node(...)            the node's kubelet stops and the node turns NotReady; its processes run on
     kill_driver(...)           SIGKILL to the Ray job's driver process only; the pod and Ray stay up
+    freeze_driver(...)         SIGSTOP to the driver and its controller actor (the train loop): a hung driver whose
+                               pod and Ray stay up
     partition(...)             the pod is force-deleted but its processes keep running, optionally frozen until
                                `thaw` (a zombie attempt)
     kill_process(...)          SIGKILL a whole process group (our operator)
@@ -175,6 +177,31 @@ def kill_driver(
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def freeze_driver(
+    runner: podrunner.PodRunner,
+    namespace: str,
+    pod: str,
+    patterns: tuple[str, ...] = ("trainingrun_runtime", "ray::SingleController"),
+    timeout: float = 60.0,
+) -> list[int]:
+    """SIGSTOPs the processes in `pod` matching each of `patterns` (waiting up to `timeout` for all of them): by
+    default the driver and the controller actor that runs its train loop and sends its reports, so the attempt
+    hangs as a deadlock would while its pod and Ray stay up. Deleting the pod kills them (SIGKILL after the grace
+    period). Returns the pids stopped."""
+    deadline = time.monotonic() + timeout
+    while not all(found := [driver_processes(runner, namespace, pod, p) for p in patterns]):
+        if time.monotonic() > deadline:
+            raise ChaosError(f"not every one of {patterns} runs in {namespace}/{pod} after {timeout:.0f}s: {found}")
+        time.sleep(0.2)
+    pids = sorted({pid for group in found for pid in group})
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
             pass
     return pids

@@ -3,6 +3,8 @@
 
 - --chaos: the driver is killed at random; the run must resume from its recorded checkpoints and finish, and its
   status file must show every attempt and checkpoint.
+- A frozen driver (SIGSTOP to the driver and to the controller actor that runs its train loop): the stall
+  watchdog ends the attempt as Stalled and the next one resumes from the recorded checkpoint.
 - `trainingrun run` SIGKILLed mid-training: no process of its attempt is left moments later (the driver's parent-
   death signal, Ray's own fate sharing, the reaper), and the same command run again resumes and finishes.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +25,7 @@ import yaml
 
 from support import waiting
 from trainingrun_operator import driver_process, local, processes
+from trainingrun_runtime import timestamps
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +118,59 @@ def test_trainingrun_run_with_chaos_resumes_from_recorded_checkpoints_and_finish
 
     again = trainingrun("run", str(EXAMPLE), "--root", str(tmp_path), timeout=120)
     assert again.returncode == 0 and "already succeeded" in again.stderr
+
+
+@pytest.mark.timeout(1200)
+def test_a_frozen_driver_is_ended_as_stalled_and_the_next_attempt_resumes_from_the_recorded_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    deadline = 20
+    run_file = shortened(tmp_path, steps=30, save_period=5, progressDeadlineSeconds=deadline)
+    root = tmp_path / "runs"
+    supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "trainingrun.log")
+    run_dir = root / "tiny"
+
+    def diagnostics() -> str:
+        return (tmp_path / "trainingrun.log").read_text(errors="replace")[-4000:]
+
+    try:
+        waiting.wait(lambda: recorded_with_progress(run_dir / "status.json", 1), timeout=600,
+                     what="attempt 1's recorded checkpoint and a step past it", diagnostics=diagnostics)  # fmt: skip
+        found = attempt_processes(run_dir, 1, supervisor.pid)
+        frozen = [
+            pid for pid, cmd in found.items() if "-m trainingrun_runtime" in cmd or "ray::SingleController" in cmd
+        ]
+        assert len(frozen) == 2, found  # the driver, and the controller actor that runs its train loop and reports
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        last = read_json(run_dir / "attempts" / "1" / "runtime.json")  # nothing writes it any more
+        assert supervisor.wait(900) == 0, diagnostics()
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(30)
+
+    status = read_json(run_dir / "status.json")
+    assert status["phase"] == "Succeeded"
+    first, *others = status["attempts"]
+    assert first["reason"] == "Stalled", status["attempts"]
+    assert f"its last report was step {last['step']} at" in first["message"], first
+    assert f"progressDeadlineSeconds: {deadline}" in first["message"]
+    assert [a["reason"] for a in others] == ["Succeeded"], status["attempts"]
+    recorded_by_1 = max(c["step"] for c in status["checkpoints"]["history"] if c["attempt"] == 1)
+    assert others[0]["resumedFrom"] == recorded_by_1, (others, status["checkpoints"])
+    assert status["restarts"]["stalled"] == 1 and status["restarts"]["total"] == 1, status["restarts"]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    stalled = [e for e in events if e["reason"] == "Stalled"]
+    assert len(stalled) == 1 and f"step {last['step']}" in stalled[0]["message"], events
+    assert attempt_processes(run_dir, 1, supervisor.pid) == {}, "the frozen attempt's processes were killed"
+    quiet = (timestamps.parse(first["end"]) - timestamps.parse(last["updated"])).total_seconds()
+    assert deadline - 1 <= quiet < deadline + 10, f"ended {quiet:.1f}s after the last report"  # `end`: to the second
+    print(
+        f"\nFIGURES stall_deadline_s={deadline} stalled_after_last_report_s={quiet:.1f} "
+        f"run_after_freeze_s={time.monotonic() - stopped_at:.1f}"
+    )
 
 
 @pytest.mark.timeout(1200)

@@ -1,0 +1,80 @@
+"""The stall watchdog on the full loop (real KubeRay, real driver, our operator as its own process): the driver and
+its controller actor are frozen (SIGSTOP) mid-run while the head pod and Ray stay up, as in a deadlock; with a
+short `progressDeadlineSeconds` our operator ends the attempt as Stalled, deletes its RayJob (the pod runner kills
+the frozen processes with the pod), attempt 2 resumes from the recorded step, and the run succeeds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import chaos
+import localpod
+
+if TYPE_CHECKING:
+    from conftest import Loop  # tests/e2e/conftest.py
+
+pytestmark = pytest.mark.e2e
+
+DEADLINE = 20
+
+
+def progress_past_a_checkpoint(loop: Loop, namespace: str, name: str) -> int | None:
+    """The step of a checkpoint attempt 1 recorded, once its driver has reported a step beyond it."""
+    status = loop.run_status(namespace, name)
+    latest = (status.get("checkpoints") or {}).get("latest") or {}
+    runtime = status.get("runtime") or {}
+    if latest.get("attempt") != 1 or runtime.get("attempt") != 1:
+        return None
+    return int(latest["step"]) if int(runtime.get("step") or 0) > int(latest["step"]) else None
+
+
+def events(loop: Loop, namespace: str, reason: str) -> list[dict[str, Any]]:
+    items = (loop.plane.get(f"/api/v1/namespaces/{namespace}/events") or {}).get("items") or []
+    return [e for e in items if e.get("reason") == reason]
+
+
+def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_recorded_step(
+    loop: Loop, namespace: str
+) -> None:
+    run = loop.tiny_run("hung", claim="hung-checkpoints", steps=30, checkpoint={"savePeriod": 5})
+    run["spec"]["restartPolicy"]["progressDeadlineSeconds"] = DEADLINE
+    loop.plane.apply(loop.checkpoints_pvc("hung-checkpoints"), run, namespace=namespace)
+    loop.wait(lambda: progress_past_a_checkpoint(loop, namespace, "hung"), timeout=600,
+              what="attempt 1 training past a recorded checkpoint")  # fmt: skip
+    head = chaos.head_pod(loop.plane, namespace, "trainingrun.dev/run=hung,trainingrun.dev/attempt=1")
+    frozen = chaos.freeze_driver(loop.bed.runner, namespace, head["metadata"]["name"])
+    frozen_at = time.monotonic()
+
+    status = loop.wait(
+        lambda: (lambda s: s if s.get("attempts") else None)(loop.run_status(namespace, "hung")),
+        timeout=DEADLINE + 120,
+        what="attempt 1's end",
+    )
+    detected_after = time.monotonic() - frozen_at
+    (ended,) = status["attempts"]
+    last = status["runtime"]  # the frozen driver's last report, read with the attempt's end
+    assert last["attempt"] == 1, last
+    assert ended["reason"] == "Stalled", (ended, loop.diagnostics())
+    assert f"its last report was step {last['step']} at " in ended["message"], (ended, last)
+    assert f"(spec.restartPolicy.progressDeadlineSeconds: {DEADLINE})" in ended["message"], ended
+    # Judged from the last report, which came at most a progress period (1 s) and a few polls before the freeze.
+    assert DEADLINE - 5 <= detected_after < DEADLINE + 30, detected_after
+    (warning,) = events(loop, namespace, "Stalled")
+    assert warning["type"] == "Warning" and f"step {last['step']}" in warning["message"], warning
+
+    final = loop.wait_phase(namespace, "hung", "Succeeded", timeout=600)
+    first, second = final["attempts"]
+    recorded_by_1 = max(c["step"] for c in final["checkpoints"]["history"] if c["attempt"] == 1)
+    assert first["reason"] == "Stalled" and second["reason"] == "Succeeded", final["attempts"]
+    assert second["resumedFrom"] == recorded_by_1, (second, final["checkpoints"])
+    assert final["restarts"]["stalled"] == 1 and final["restarts"]["total"] == 1, final["restarts"]
+    latest = final["checkpoints"]["latest"]
+    assert (latest["step"], latest["attempt"]) == (30, 2), latest
+    assert localpod.pod_processes(head["metadata"]["uid"]) == [], f"the frozen {frozen} went with their pod"
+    print(
+        f"\nFIGURES stall_deadline_s={DEADLINE} freeze_to_stalled_s={detected_after:.1f} resumed_from={recorded_by_1}"
+    )
