@@ -12,7 +12,7 @@ Defaults here equal the CRD's defaults; the API server applies the CRD's, these 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -23,6 +23,7 @@ __all__ = [
     "HEAD_GRACE_SECONDS",
     "KIND",
     "PLURAL",
+    "SIZE_PATTERN",
     "VERSION",
     "AttemptRecord",
     "Backoff",
@@ -56,6 +57,9 @@ PLURAL = "trainingruns"
 
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 Quantity = int | str
+SIZE_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
+"""A size in bytes as a Kubernetes quantity (`8Gi`, `500M`, `1e9`); the CRD's shmSize has the same pattern."""
+ShmSize = Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
 
 
 class _Wire(BaseModel):
@@ -107,6 +111,8 @@ class RayGroup(_Wire):
     tolerations: list[Toleration] | None = None
     termination_grace_period_seconds: int = Field(default=HEAD_GRACE_SECONDS, ge=0, le=3600)
     """The head pod's grace period: its preStop hook asks the driver to save and stop within it (`notice`)."""
+    shm_size: ShmSize | None = None
+    """sizeLimit of the memory-backed /dev/shm (Ray's object store); None: the pod's memory limit caps it."""
 
 
 class WorkerGroup(_Wire):
@@ -119,6 +125,7 @@ class WorkerGroup(_Wire):
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
     termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=3600)
+    shm_size: ShmSize | None = None
 
 
 class RayClusterShape(_Wire):

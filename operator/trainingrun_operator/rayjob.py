@@ -15,7 +15,8 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
                                  driver to save and stop within it (`trainingrun_runtime.driver.notice`)
         workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted; rayStartParams
                                  resources += {"trainingrun_generation": 1000}: only generation workers ask for it
-        every pod                the checkpoint PVC at /checkpoints, labels run + attempt
+        every pod                the checkpoint PVC at /checkpoints, a memory-backed /dev/shm (sizeLimit: the
+                                 group's shmSize), labels run + attempt (`podtemplate.py`)
 
 tests/unit/operator/test_rayjob.py validates the output against KubeRay v1.5.0's real RayJob CRD schema.
 """
@@ -28,7 +29,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from trainingrun_operator import model, naming, validation
+from trainingrun_operator import model, naming, podtemplate, validation
 from trainingrun_runtime.config import GENERATION_RESOURCE
 
 __all__ = [
@@ -42,10 +43,9 @@ __all__ = [
     "notice_hook",
 ]
 
-CHECKPOINT_MOUNT = "/checkpoints"
-CHECKPOINT_VOLUME = "checkpoints"
-CONTAINER_HEAD = "ray-head"
-CONTAINER_WORKER = "ray-worker"
+CHECKPOINT_MOUNT = podtemplate.CHECKPOINT_MOUNT
+CONTAINER_HEAD = podtemplate.CONTAINER_HEAD
+CONTAINER_WORKER = podtemplate.CONTAINER_WORKER
 RAYJOB_API_VERSION = "ray.io/v1"
 GENERATION_SLOTS = 1000
 """Units of the generation resource every worker pod's Ray offers. A generation worker asks for one: the resource
@@ -144,26 +144,25 @@ def notice_hook(run: str, attempt: int, spec: model.TrainingRunSpec) -> list[str
 def _pod_template(
     spec: model.TrainingRunSpec,
     labels: dict[str, str],
-    container: str,
     group: model.RayGroup | model.WorkerGroup,
     service_account: str | None,
     pre_stop: list[str] | None = None,
 ) -> dict[str, Any]:
-    ray: dict[str, Any] = {
-        "name": container,
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "resources": _resources(group.resources),
-        "volumeMounts": [{"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT}],
-    }
+    """The group's pod template: `podtemplate.base` plus the group's scheduling fields, the identity and, on the
+    head, the preStop hook."""
+    kind: podtemplate.Group = "head" if isinstance(group, model.RayGroup) else "worker"
+    template = podtemplate.base(
+        kind,
+        spec.image,
+        spec.image_pull_policy,
+        labels,
+        _resources(group.resources),
+        spec.checkpoint.pvc.claim_name,
+        group.shm_size,
+    )
+    pod = template["spec"]
     if pre_stop is not None:
-        ray["lifecycle"] = {"preStop": {"exec": {"command": pre_stop}}}
-    pod: dict[str, Any] = {
-        "containers": [ray],
-        "volumes": [
-            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.pvc.claim_name}}
-        ],
-    }
+        pod["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": pre_stop}}}
     if group.termination_grace_period_seconds is not None:
         pod["terminationGracePeriodSeconds"] = group.termination_grace_period_seconds
     if service_account is not None:
@@ -174,7 +173,7 @@ def _pod_template(
         pod["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         pod["tolerations"] = [t.wire() for t in group.tolerations]
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return template
 
 
 def build_rayjob(
@@ -195,9 +194,7 @@ def build_rayjob(
         "rayVersion": spec.ray.ray_version,
         "headGroupSpec": {
             "rayStartParams": head_params,
-            "template": _pod_template(
-                spec, labels, CONTAINER_HEAD, head, naming.identity_name(run), notice_hook(run, attempt, spec)
-            ),
+            "template": _pod_template(spec, labels, head, naming.identity_name(run), notice_hook(run, attempt, spec)),
         },
     }
     workers = [
@@ -207,7 +204,7 @@ def build_rayjob(
             "minReplicas": group.replicas,
             "maxReplicas": group.replicas,
             "rayStartParams": _worker_start_params(group),
-            "template": _pod_template(spec, labels, CONTAINER_WORKER, group, None),
+            "template": _pod_template(spec, labels, group, None),
         }
         for group in spec.ray.workers or []
     ]

@@ -80,6 +80,8 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
             lambda s: s.__setitem__("restartPolicy", {"nodeNotReadySeconds": -5}),
             "spec.restartPolicy.nodeNotReadySeconds",
         ),
+        (lambda s: s["ray"]["head"].__setitem__("shmSize", "8GB"), "spec.ray.head.shmSize"),
+        (lambda s: s["ray"]["head"].__setitem__("shmSize", 0), "spec.ray.head.shmSize"),
     ],
     ids=[
         "zero save period",
@@ -91,6 +93,8 @@ def test_the_per_run_identity_can_patch_its_own_status_and_is_denied_on_another_
         "path escapes",
         "negative worker replacement bound",
         "negative NotReady grace",
+        "shm size not a quantity",
+        "zero shm size",
     ],
 )
 def test_a_malformed_run_is_rejected_at_admission_naming_the_field(

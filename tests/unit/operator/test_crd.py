@@ -5,7 +5,9 @@ CEL rules need a real API server; tests/integration/test_operator_safety.py chec
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import pathlib
 import typing
 from collections.abc import Callable
@@ -23,10 +25,24 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 CRD_PATH = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
 
 
+@functools.cache
 def _crd() -> dict[str, Any]:
-    doc = yaml.safe_load(CRD_PATH.read_text())
+    """The CRD, parsed once (its generated pod template schemas make it large); no test changes it."""
+    doc = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     assert isinstance(doc, dict)
     return doc
+
+
+_VALIDATOR: list[jsonschema.Draft7Validator] = []
+
+
+def _validate(doc: dict[str, Any], convert: Callable[..., Any]) -> None:
+    """Raise the most relevant error of `doc` against the CRD's schema, closed (a validator built once)."""
+    if not _VALIDATOR:
+        _VALIDATOR.append(jsonschema.Draft7Validator(convert(_schema(), closed=True)))
+    error = jsonschema.exceptions.best_match(_VALIDATOR[0].iter_errors(doc))
+    if error is not None:
+        raise error
 
 
 def _schema() -> dict[str, Any]:
@@ -216,7 +232,7 @@ def test_example_validates_against_the_crd_schema_the_model_and_the_runtime_conf
     example: str, openapi_to_jsonschema: Callable[..., Any]
 ) -> None:
     (doc,) = _training_runs(example)
-    jsonschema.validate(doc, openapi_to_jsonschema(_schema(), closed=True))
+    _validate(doc, openapi_to_jsonschema)
     run = model.TrainingRun.model_validate(doc)
     RuntimeConfig.model_validate({"trainer": run.spec.trainer})
 
@@ -239,5 +255,20 @@ def test_crd_schema_rejects_a_malformed_spec(
     doc = copy.deepcopy(doc)
     mutate(doc["spec"])
     with pytest.raises(jsonschema.ValidationError) as caught:
-        jsonschema.validate(doc, openapi_to_jsonschema(_schema(), closed=True))
+        _validate(doc, openapi_to_jsonschema)
     assert field in str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------- /dev/shm
+
+
+@pytest.mark.parametrize(
+    ("size", "valid"), [("8Gi", True), (2**30, True), ("1.5G", True), ("8GB", False), ("-1Gi", False)]
+)
+def test_shm_size_is_a_quantity_of_bytes(size: Any, valid: bool, openapi_to_jsonschema: Callable[..., Any]) -> None:
+    (doc,) = _training_runs("tiny.yaml")
+    doc["spec"]["ray"]["head"]["shmSize"] = size
+    with contextlib.nullcontext() if valid else pytest.raises(jsonschema.ValidationError, match="shmSize"):
+        _validate(doc, openapi_to_jsonschema)
+    with contextlib.nullcontext() if valid else pytest.raises(pydantic.ValidationError, match="shmSize"):
+        model.TrainingRun.model_validate(doc)

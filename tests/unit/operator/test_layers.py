@@ -23,6 +23,7 @@ PURE = [
     "decision",
     "watchdog",
     "rayjob",
+    "podtemplate",
     "identity",
     "departures",
     "errors",

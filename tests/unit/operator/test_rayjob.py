@@ -43,6 +43,23 @@ def test_rayjob_validates_against_kuberays_v1_5_0_crd_schema(
     rayjob_validator(kuberay_rayjob_crd, openapi_to_jsonschema).validate(body)
 
 
+def test_every_ray_pod_gets_a_memory_backed_dev_shm_sized_by_the_groups_shm_size(
+    kuberay_rayjob_crd: dict[str, Any], openapi_to_jsonschema: Callable[..., Any]
+) -> None:
+    spec = spec_of("cluster.yaml").wire()
+    spec["ray"]["head"]["shmSize"] = "8Gi"
+    spec["ray"]["workers"][0]["shmSize"] = 2**30
+    body = rayjob.build_rayjob("r", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(spec))
+    rayjob_validator(kuberay_rayjob_crd, openapi_to_jsonschema).validate(body)
+    cluster = body["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert {"name": "dev-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in head["volumes"]
+    assert {"name": "dev-shm", "emptyDir": {"medium": "Memory", "sizeLimit": 2**30}} in worker["volumes"]
+    for pod in (head, worker):
+        assert {"name": "dev-shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
 def test_the_schema_check_catches_a_misspelled_rayjob_field(
     kuberay_rayjob_crd: dict[str, Any], openapi_to_jsonschema: Callable[..., Any]
 ) -> None:
@@ -114,9 +131,13 @@ def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_iden
     assert "serviceAccountName" not in workers["template"]["spec"]
     for pod in (head, workers["template"]["spec"]):
         assert pod["volumes"] == [
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "reverse-digits-checkpoints"}}
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "reverse-digits-checkpoints"}},
+            {"name": "dev-shm", "emptyDir": {"medium": "Memory"}},
         ]
-        assert pod["containers"][0]["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/checkpoints"}]
+        assert pod["containers"][0]["volumeMounts"] == [
+            {"name": "checkpoints", "mountPath": "/checkpoints"},
+            {"name": "dev-shm", "mountPath": "/dev/shm"},
+        ]
     assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 2, 2)
     assert workers["template"]["spec"]["tolerations"][0]["key"] == "cloud.google.com/gke-spot"
     assert cluster["headGroupSpec"]["template"]["metadata"]["labels"]["trainingrun.dev/attempt"] == "1"
