@@ -4,24 +4,43 @@
     .venv/bin/python operator/sync_manifests.py --check  exit 1 and name what drifted
 
 Sources and what is generated from them:
+- KubeRay's RayJob CRD (config/crd/bases/ray.io_rayjobs.yaml in its Go module, found through the test bed's
+  binaries, hack/testbed/binaries.py) -> the regions of manifests/crd/trainingrun.dev_trainingruns.yaml between
+  `# BEGIN GENERATED <name>` and `# END GENERATED <name>`: the schema of spec.ray.head.template and of
+  spec.ray.workers[].template, which is KubeRay's PodTemplateSpec schema (itself Kubernetes'), narrowed to what a
+  fragment may say (metadata: labels and annotations; no field required but the keys of keyed lists), with the
+  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns). The rest of that file is
+  written by hand.
 - manifests/crd/trainingrun.dev_trainingruns.yaml (source) -> charts/trainingrun/crds/ (a byte-identical copy)
 - charts/trainingrun/ (source) -> manifests/deploy/trainingrun-operator.yaml (`helm template` with the chart's
   default values, release `trainingrun` in namespace `trainingrun-system`; for `kubectl apply` without Helm)
 
-Helm comes from $HELM, the test bed's binaries (`make testbed`), or PATH. The drift checks are tests:
-tests/unit/operator/test_manifests.py (the CRD copy) and tests/integration/test_operator_chart.py (the render).
+Helm and KubeRay's module come from the test bed's binaries (`make testbed`); helm also from $HELM or PATH. The
+drift checks are tests: tests/unit/operator/test_manifests.py (the CRD copy), tests/unit/operator/test_crd.py (the
+template schema against KubeRay's) and tests/integration/test_operator_chart.py (the render).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
+from typing import Any
+
+import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "operator"))
+sys.path.insert(0, str(REPO / "hack" / "testbed"))
+
+import binaries  # noqa: E402  (hack/testbed: where the pinned KubeRay module is)
+from trainingrun_operator import podtemplate  # noqa: E402
+
 CRD_SOURCE = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
 CRD_COPY = REPO / "charts" / "trainingrun" / "crds" / CRD_SOURCE.name
 CHART = REPO / "charts" / "trainingrun"
@@ -60,8 +79,126 @@ def render_chart(helm: str) -> str:
     return HEADER + out
 
 
+# ----------------------------------------------------------------------------- the pod template schema
+
+KUBERAY_RAYJOB_CRD = pathlib.Path("config", "crd", "bases", "ray.io_rayjobs.yaml")
+TEMPLATE_REGIONS: dict[str, podtemplate.Group] = {"head-template": "head", "worker-template": "worker"}
+TEMPLATE_DESCRIPTION = {
+    "head": (
+        "A pod template fragment merged into the head pod (KubeRay's PodTemplateSpec schema): labels, annotations, "
+        "env of the Ray container (name it ray-head), volumes and mounts, sidecars, affinity, imagePullSecrets, "
+        "priorityClassName, security contexts... The operator owns the checkpoint volume and mount, /dev/shm, the "
+        "ServiceAccount, the run and attempt labels, the container names, and the Ray container's image, command, "
+        "args, resources and preStop hook; a fragment that sets them is rejected."
+    ),
+    "worker": (
+        "A pod template fragment merged into the group's pods (KubeRay's PodTemplateSpec schema); the Ray "
+        "container is ray-worker. The operator owns the same as on the head, except the ServiceAccount and the "
+        "Ray container's lifecycle, which a worker group may set."
+    ),
+}
+
+
+def kuberay_rayjob_crd() -> dict[str, Any]:
+    """KubeRay's RayJob CRD from the module the test bed pins ($KUBERAY_MODULE_DIR overrides)."""
+    directory = os.environ.get("KUBERAY_MODULE_DIR")
+    module = pathlib.Path(directory) if directory else binaries.Binaries.locate().kuberay_module_dir
+    doc = yaml.load((module / KUBERAY_RAYJOB_CRD).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def kuberay_pod_template(rayjob_crd: dict[str, Any]) -> dict[str, Any]:
+    """The schema of the head group's `template` in KubeRay's RayJob v1 (every group's is the same)."""
+    (v1,) = [v for v in rayjob_crd["spec"]["versions"] if v["name"] == "v1"]
+    spec = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    template = spec["rayClusterSpec"]["properties"]["headGroupSpec"]["properties"]["template"]
+    assert isinstance(template, dict)
+    return template
+
+
+def template_schema(kuberay_template: dict[str, Any], group: podtemplate.Group) -> dict[str, Any]:
+    """A group's `template` schema: KubeRay's PodTemplateSpec, narrowed to a fragment, with the owned fields'
+    CEL rules placed where each one looks (`podtemplate.cel_rules`)."""
+    schema = copy.deepcopy(kuberay_template)
+    metadata = schema["properties"]["metadata"]
+    metadata["properties"] = {k: v for k, v in metadata["properties"].items() if k in ("labels", "annotations")}
+    pod = schema["properties"]["spec"]
+    pod.pop("required", None)  # a fragment need not list the containers
+    rules = podtemplate.cel_rules(group)
+    for node, where in (
+        (metadata, "metadata"),
+        (pod, "pod"),
+        (pod["properties"]["volumes"]["items"], "volume"),
+        (pod["properties"]["containers"]["items"], "container"),
+        (pod["properties"]["containers"]["items"]["properties"]["volumeMounts"]["items"], "mount"),
+    ):
+        assert "x-kubernetes-validations" not in node, where
+        node["x-kubernetes-validations"] = [_Block(rule) for rule in rules[where]]
+    return {"description": TEMPLATE_DESCRIPTION[group], **_type_first(schema)}
+
+
+class _Block(dict[str, Any]):
+    """A mapping written in block style (a CEL rule reads better one key a line)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Block, lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=False)
+)
+
+
+def _type_first(node: Any) -> Any:
+    """Each object with `type` first (as the hand-written part of our CRD reads)."""
+    if isinstance(node, list):
+        return [_type_first(item) for item in node]
+    if not isinstance(node, dict) or isinstance(node, _Block):
+        return node
+    first = {"type": node["type"]} if "type" in node else {}
+    return first | {k: _type_first(v) for k, v in node.items() if k != "type"}
+
+
+def with_regions(text: str, regions: dict[str, dict[str, Any]]) -> str:
+    """`text` with every `# BEGIN GENERATED <name>` ... `# END GENERATED <name>` region rewritten: the schema
+    `regions[name]` as block YAML (flow style for leaves), at the BEGIN line's indentation."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    index = 0
+    seen = set()
+    while index < len(lines):
+        line = lines[index]
+        begin = re.match(r"^(\s*)# BEGIN GENERATED (\S+)", line)
+        out.append(line)
+        index += 1
+        if begin is None:
+            continue
+        indent, name = begin.groups()
+        seen.add(name)
+        end = next(i for i in range(index, len(lines)) if lines[i].strip().startswith(f"# END GENERATED {name}"))
+        body = yaml.dump(
+            regions[name], Dumper=_Dumper, default_flow_style=None, sort_keys=False, width=120 - len(indent)
+        )
+        out += [indent + row + "\n" for row in body.splitlines()]
+        index = end
+    missing = set(regions) - seen
+    if missing:
+        raise SystemExit(f"{CRD_SOURCE.relative_to(REPO)} has no region for: {', '.join(sorted(missing))}")
+    return "".join(out)
+
+
+def crd_source(rayjob_crd: dict[str, Any]) -> str:
+    """Our CRD: the hand-written file with its generated regions rewritten."""
+    kuberay = kuberay_pod_template(rayjob_crd)
+    regions = {name: template_schema(kuberay, group) for name, group in TEMPLATE_REGIONS.items()}
+    return with_regions(CRD_SOURCE.read_text(), regions)
+
+
 def expected(helm: str | None) -> dict[pathlib.Path, str]:
-    files = {CRD_COPY: CRD_SOURCE.read_text()}
+    crd = crd_source(kuberay_rayjob_crd())
+    files = {CRD_SOURCE: crd, CRD_COPY: crd}
     if helm is not None:
         files[RENDERED] = render_chart(helm)
     return files

@@ -113,6 +113,8 @@ class RayGroup(_Wire):
     """The head pod's grace period: its preStop hook asks the driver to save and stop within it (`notice`)."""
     shm_size: ShmSize | None = None
     """sizeLimit of the memory-backed /dev/shm (Ray's object store); None: the pod's memory limit caps it."""
+    template: dict[str, Any] | None = None
+    """A PodTemplateSpec fragment merged into the head pod (`podtemplate.py`; KubeRay's schema in the CRD)."""
 
 
 class WorkerGroup(_Wire):
@@ -126,6 +128,8 @@ class WorkerGroup(_Wire):
     tolerations: list[Toleration] | None = None
     termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=3600)
     shm_size: ShmSize | None = None
+    template: dict[str, Any] | None = None
+    """A PodTemplateSpec fragment merged into the group's pods (`podtemplate.py`)."""
 
 
 class RayClusterShape(_Wire):

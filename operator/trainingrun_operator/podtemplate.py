@@ -1,24 +1,54 @@
-"""A group's pod template as the operator makes it: the Ray container with its image, resources, the checkpoint
-volume and a memory-backed /dev/shm, and the pod's labels. Pure.
+"""A group's pod template: what the operator puts in it, the user's fragment merged in, and what the fragment may
+not touch. Pure.
 
-Who calls it: `rayjob.py` builds each group's pod template from `base` and adds the rest of what it owns (the
-scheduling fields, the identity and, on the head, the preStop hook).
+Who calls it: `rayjob.py` builds each group's pod template (`base`) and merges the user's fragment into it
+(`merged`); `validation.py` lists what a fragment must not set (`problems`); `operator/sync_manifests.py` writes
+the same refusals into the CRD as CEL rules (`cel_rules`), so `kubectl apply` and `trainingrun run` say the same.
+
+    spec.ray.head.template / spec.ray.workers[].template    (a PodTemplateSpec fragment, KubeRay's schema)
+            │
+            ▼   merged(base(...), fragment)
+    the operator's template           the fragment adds
+      metadata.labels run, attempt  ◄── labels and annotations (the operator's keys refused)
+      containers[0] ray-head|ray-worker ◄── an entry of that name: env, envFrom, volumeMounts, securityContext,
+        image, imagePullPolicy,             ports, probes... (image, command, args, resources, imagePullPolicy
+        resources, mounts, preStop          and, on the head, lifecycle refused); other names: sidecars, after it
+      volumes checkpoints, dev-shm  ◄── more volumes (those two names refused; no container mounts anything at
+                                        /checkpoints or /dev/shm, a sidecar may mount `checkpoints` elsewhere)
+      nodeSelector, tolerations     ◄── added to the group's own (a nodeSelector key given twice must agree)
+      serviceAccountName (head)     ◄── anything else of a PodSpec: affinity, imagePullSecrets, priorityClassName,
+      terminationGracePeriodSeconds     securityContext, initContainers, topologySpreadConstraints... (the head's
+                                        ServiceAccount and every group's grace period refused)
+
+Merging: objects are merged key by key, lists are the operator's items then the fragment's, a value both give is
+the operator's (the rules below refuse such a fragment first, so this never decides anything). Containers are
+matched by name: the Ray container stays first (KubeRay runs Ray in `containers[0]`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
+
+from trainingrun_operator import naming
 
 __all__ = [
     "CHECKPOINT_MOUNT",
     "CHECKPOINT_VOLUME",
     "CONTAINER_HEAD",
     "CONTAINER_WORKER",
+    "RULES",
     "SHM_MOUNT",
     "SHM_VOLUME",
     "Group",
+    "Refusal",
+    "Rule",
     "base",
+    "cel_rules",
+    "conflicts",
+    "merged",
+    "problems",
 ]
 
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -29,10 +59,86 @@ CONTAINER_HEAD = "ray-head"
 CONTAINER_WORKER = "ray-worker"
 
 Group = Literal["head", "worker"]
+Node = Literal["labels", "pod", "ray-container", "volume", "mount", "container-name", "sidecar"]
+"""Where a rule looks: a label key, a PodSpec key, a key of the Ray container, a volume's name, a container's
+mount path, a container's name, a sidecar (a container that is not the Ray container)."""
 
 
 def ray_container(group: Group) -> str:
     return CONTAINER_HEAD if group == "head" else CONTAINER_WORKER
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One thing a fragment may not do: at `node`, the key or value `name`, in the `groups` it applies to, and
+    why (what to set instead), in words that both the CEL rule and the operator's own check print."""
+
+    node: Node
+    name: str
+    why: str
+    groups: tuple[Group, ...] = ("head", "worker")
+
+
+_RUN_LABELS = tuple(naming.attempt_labels("run", 1))
+RULES: tuple[Rule, ...] = (
+    *(Rule("labels", key, "the operator labels every pod with its run, its attempt and itself") for key in _RUN_LABELS),
+    Rule("pod", "serviceAccountName", "the head runs as the driver's per-run ServiceAccount <run>-driver", ("head",)),
+    Rule("pod", "serviceAccount", "the head runs as the driver's per-run ServiceAccount <run>-driver", ("head",)),
+    Rule(
+        "pod",
+        "automountServiceAccountToken",
+        "the driver needs its ServiceAccount's token to report to the TrainingRun's status",
+        ("head",),
+    ),
+    Rule(
+        "pod",
+        "automountServiceAccountToken",
+        "worker pods get no API token (they never call the API server)",
+        ("worker",),
+    ),
+    Rule(
+        "pod",
+        "terminationGracePeriodSeconds",
+        "set spec.ray.head.terminationGracePeriodSeconds (the preStop hook's deadline comes from it)",
+        ("head",),
+    ),
+    Rule("pod", "terminationGracePeriodSeconds", "set spec.ray.workers[].terminationGracePeriodSeconds", ("worker",)),
+    Rule("ray-container", "image", "the Ray container runs spec.image"),
+    Rule("ray-container", "imagePullPolicy", "set spec.imagePullPolicy"),
+    Rule("ray-container", "command", "KubeRay starts Ray in the Ray container"),
+    Rule("ray-container", "args", "KubeRay starts Ray in the Ray container"),
+    Rule(
+        "ray-container", "resources", "set spec.ray.head.resources (the head's Ray CPUs are checked there)", ("head",)
+    ),
+    Rule("ray-container", "resources", "set spec.ray.workers[].resources", ("worker",)),
+    Rule(
+        "ray-container",
+        "lifecycle",
+        "the head's preStop hook asks the driver to save a checkpoint on the pod's notice",
+        ("head",),
+    ),
+    Rule("volume", CHECKPOINT_VOLUME, "the checkpoint volume is spec.checkpoint.pvc"),
+    Rule("volume", SHM_VOLUME, "the Ray container's /dev/shm; set the group's shmSize"),
+    Rule("mount", CHECKPOINT_MOUNT, "the Ray container's checkpoint volume (a sidecar may mount it elsewhere)"),
+    Rule("mount", SHM_MOUNT, "the Ray container's memory-backed /dev/shm; set the group's shmSize"),
+    Rule("container-name", CONTAINER_WORKER, "the worker groups' Ray container; the head's is ray-head", ("head",)),
+    Rule("container-name", CONTAINER_HEAD, "the head's Ray container; the worker groups' is ray-worker", ("worker",)),
+    Rule("sidecar", "image", "a container not named as the Ray container is a sidecar and needs an image"),
+)
+
+
+def _message(rule: Rule, group: Group) -> str:
+    ray = ray_container(group)
+    what = {
+        "labels": f"the label {rule.name} is set by the operator",
+        "pod": f"{rule.name} is set by the operator",
+        "ray-container": f"{rule.name} of the Ray container ({ray}) is set by the operator",
+        "volume": f"the volume name {rule.name} is the operator's",
+        "mount": f"the mount path {rule.name} is the operator's",
+        "container-name": f"the container name {rule.name} is the operator's",
+        "sidecar": f"a sidecar needs an image (to change the Ray container, name the entry {ray})",
+    }[rule.node]
+    return what if rule.node == "sidecar" else f"{what}: {rule.why}"
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -72,3 +178,161 @@ def base(
             ],
         },
     }
+
+
+def merged(ours: Mapping[str, Any], fragment: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The pod template `ours` with the user's `fragment` merged in (the rules of the module docstring). Neither
+    argument is changed."""
+    theirs = dict(fragment or {})
+    spec = dict(_mapping(theirs.get("spec")))
+    containers = _items(spec.pop("containers", None))
+    out = _merge_objects(ours, {**theirs, "spec": spec} if theirs else {})
+    own: list[dict[str, Any]] = out["spec"]["containers"]
+    for entry in containers:
+        mine = next((i for i, c in enumerate(own) if c.get("name") == entry.get("name")), None)
+        if mine is None:
+            own.append(_merge_objects({}, entry))
+        else:
+            own[mine] = _merge_objects(own[mine], entry)
+    return out
+
+
+def _merge_objects(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """Key by key; a key both give is merged (`_merge`), copies all the way down."""
+    both = {k: _merge(v, theirs[k]) if k in theirs else _copy(v) for k, v in ours.items()}
+    return both | {k: _copy(v) for k, v in theirs.items() if k not in ours}
+
+
+def _merge(ours: Any, theirs: Any) -> Any:
+    """Objects key by key, lists ours then theirs, and a value both give stays ours."""
+    if isinstance(ours, Mapping) and isinstance(theirs, Mapping):
+        return _merge_objects(ours, theirs)
+    if isinstance(ours, list) and isinstance(theirs, list):
+        return [_copy(item) for item in (*ours, *theirs)]
+    return _copy(ours)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- refuse
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A fragment sets what the operator owns: where, relative to the fragment (`spec`, `containers`, 0, ...),
+    and the rule's message."""
+
+    loc: tuple[str | int, ...]
+    message: str
+
+
+def problems(fragment: Mapping[str, Any] | None, group: Group) -> list[Refusal]:
+    """Every rule of `RULES` that `fragment` breaks, in the fragment's order (labels, pod, volumes, containers)."""
+    if not fragment:
+        return []
+    return list(_refusals(fragment, group))
+
+
+def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
+    rules = [r for r in RULES if group in r.groups]
+    ray = ray_container(group)
+    labels = _mapping(_mapping(fragment.get("metadata")).get("labels"))
+    pod = _mapping(fragment.get("spec"))
+    for rule in rules:
+        if rule.node == "labels" and rule.name in labels:
+            yield Refusal(("metadata", "labels"), _message(rule, group))
+        if rule.node == "pod" and rule.name in pod:
+            yield Refusal(("spec", rule.name), _message(rule, group))
+    for index, volume in enumerate(_items(pod.get("volumes"))):
+        for rule in rules:
+            if rule.node == "volume" and volume.get("name") == rule.name:
+                yield Refusal(("spec", "volumes", index, "name"), _message(rule, group))
+    for index, container in enumerate(_items(pod.get("containers"))):
+        at: tuple[str | int, ...] = ("spec", "containers", index)
+        is_ray = container.get("name") == ray
+        for rule in rules:
+            if rule.node == "container-name" and container.get("name") == rule.name:
+                yield Refusal((*at, "name"), _message(rule, group))
+            elif rule.node == "sidecar" and not is_ray and rule.name not in container:
+                yield Refusal((*at, rule.name), _message(rule, group))
+            elif rule.node == "ray-container" and is_ray and rule.name in container:
+                yield Refusal((*at, rule.name), _message(rule, group))
+            elif rule.node == "mount":
+                for m, mount in enumerate(_items(container.get("volumeMounts"))):
+                    if mount.get("mountPath") == rule.name:
+                        yield Refusal((*at, "volumeMounts", m, "mountPath"), _message(rule, group))
+
+
+def conflicts(fragment: Mapping[str, Any] | None, node_selector: Mapping[str, str] | None) -> list[Refusal]:
+    """What else the merged pod would get wrong, checked by the operator only (a CEL rule that walks every mount
+    of every container costs more than the API server allows): a nodeSelector key the group gives another value,
+    and a mount of a volume that neither the fragment nor the operator defines (which the Pod's own validation
+    refuses only when KubeRay creates the pod)."""
+    pod = _mapping(_mapping(fragment).get("spec"))
+    found = []
+    own = node_selector or {}
+    for key, value in _mapping(pod.get("nodeSelector")).items():
+        if key in own and own[key] != value:
+            why = f"{key} is {own[key]!r} in the group's nodeSelector and {value!r} here"
+            found.append(Refusal(("spec", "nodeSelector"), why))
+    defined = {CHECKPOINT_VOLUME, SHM_VOLUME} | {v.get("name") for v in _items(pod.get("volumes"))}
+    for c, container in enumerate(_items(pod.get("containers"))):
+        for m, mount in enumerate(_items(container.get("volumeMounts"))):
+            if mount.get("name") not in defined:
+                why = f"no volume is named {mount.get('name')!r}: add it to the template's spec.volumes"
+                found.append(Refusal(("spec", "containers", c, "volumeMounts", m, "name"), why))
+    return found
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _items(value: Any) -> list[Mapping[str, Any]]:
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+# ----------------------------------------------------------------------------------------- CEL (the CRD)
+
+Where = Literal["metadata", "pod", "volume", "container", "mount"]
+"""The node of the pod template schema a CEL rule sits on: `template.metadata`, `template.spec`,
+`template.spec.volumes[*]`, `template.spec.containers[*]`, `template.spec.containers[*].volumeMounts[*]`."""
+
+
+def cel_rules(group: Group) -> dict[Where, list[dict[str, str]]]:
+    """The `x-kubernetes-validations` of each node of a group's template schema: the same `RULES`, the same
+    messages, each pointing at the field (`fieldPath`) so that the API server names it. Each rule looks at one
+    node, never iterates a list: the API server's cost estimate refuses a rule that walks a container's mounts
+    (the lists are unbounded), which is why a mount path is refused in every container, not only the Ray one."""
+    out: dict[Where, list[dict[str, str]]] = {"metadata": [], "pod": [], "volume": [], "container": [], "mount": []}
+    ray = ray_container(group)
+    for rule in (r for r in RULES if group in r.groups):
+        where: Where
+        if rule.node == "labels":
+            where, cel, path = "metadata", f"!has(self.labels) || !({_quoted(rule.name)} in self.labels)", ".labels"
+        elif rule.node == "pod":
+            where, cel, path = "pod", f"!has(self.{rule.name})", f".{rule.name}"
+        elif rule.node == "volume":
+            where, cel, path = "volume", f"self.name != {_quoted(rule.name)}", ".name"
+        elif rule.node == "container-name":
+            where, cel, path = "container", f"self.name != {_quoted(rule.name)}", ".name"
+        elif rule.node == "sidecar":
+            where, cel, path = "container", f"self.name == {_quoted(ray)} || has(self.{rule.name})", f".{rule.name}"
+        elif rule.node == "ray-container":
+            where, cel, path = "container", f"self.name != {_quoted(ray)} || !has(self.{rule.name})", f".{rule.name}"
+        else:
+            where, cel, path = "mount", f"self.mountPath != {_quoted(rule.name)}", ".mountPath"
+        out[where].append({"rule": cel, "message": _message(rule, group), "fieldPath": path})
+    return out
+
+
+def _quoted(text: str) -> str:
+    """A CEL string literal (the names here hold no quote or backslash)."""
+    assert "'" not in text and "\\" not in text, text
+    return f"'{text}'"

@@ -16,7 +16,8 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
         workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted; rayStartParams
                                  resources += {"trainingrun_generation": 1000}: only generation workers ask for it
         every pod                the checkpoint PVC at /checkpoints, a memory-backed /dev/shm (sizeLimit: the
-                                 group's shmSize), labels run + attempt (`podtemplate.py`)
+                                 group's shmSize), labels run + attempt; then the group's `template` fragment
+                                 merged in (`podtemplate.py`: what it may add, what the operator owns)
 
 tests/unit/operator/test_rayjob.py validates the output against KubeRay v1.5.0's real RayJob CRD schema.
 """
@@ -148,8 +149,8 @@ def _pod_template(
     service_account: str | None,
     pre_stop: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The group's pod template: `podtemplate.base` plus the group's scheduling fields, the identity and, on the
-    head, the preStop hook."""
+    """The group's pod template: the operator's (`podtemplate.base` plus the group's scheduling fields, the
+    identity and, on the head, the preStop hook) with the group's `template` fragment merged in."""
     kind: podtemplate.Group = "head" if isinstance(group, model.RayGroup) else "worker"
     template = podtemplate.base(
         kind,
@@ -173,7 +174,7 @@ def _pod_template(
         pod["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         pod["tolerations"] = [t.wire() for t in group.tolerations]
-    return template
+    return podtemplate.merged(template, group.template)
 
 
 def build_rayjob(

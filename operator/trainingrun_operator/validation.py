@@ -9,7 +9,11 @@ What `spec_problem` checks beyond the CRD's schema:
 - `spec.trainer` against the runtime's own RuntimeConfig;
 - placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
   KubeRay derives from the CPU limit, else from the request), and a worker group's `rayStartParams.resources`, which
-  the RayJob builder extends with the generation resource, must be a JSON object of numbers.
+  the RayJob builder extends with the generation resource, must be a JSON object of numbers;
+- pod templates: what the operator owns (`podtemplate.problems`, the same rules the CRD's CEL rules apply, so that
+  `trainingrun run` says what `kubectl apply` says), a nodeSelector key that the group and its template give
+  different values, and a mount of a volume that no one defines (the Pod's own validation, which would otherwise
+  fail only when KubeRay creates the pod).
 These are not CEL rules: CEL cannot parse JSON, and repeating KubeRay's num-cpus derivation (quantities that are
 integers or strings, rounded up) in CEL would be a second copy of it that `trainingrun run` (no API server) would
 not run. Here the decision core fails the run (Failed/InvalidSpec, the field and the fix in the message) before
@@ -39,7 +43,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from trainingrun_operator import model
+from trainingrun_operator import model, podtemplate
 from trainingrun_runtime.config import GENERATION_RESOURCE, RuntimeConfig
 
 __all__ = [
@@ -137,7 +141,7 @@ def _spec_problems(spec: model.TrainingRunSpec) -> list[Problem]:
         found = [dataclasses.replace(p, loc=_in_spec(p.loc)) for p in problems(exc, root=RuntimeConfig)]
     else:
         found = []
-    return found + _placement_problems(spec)
+    return found + _placement_problems(spec) + _template_problems(spec)
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -230,6 +234,24 @@ def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
                 f"adds {GENERATION_RESOURCE} to it), e.g. '{{\"my_resource\": 1}}' (got {_shown(given)})"
             )
             found.append(Problem(("spec", "ray", "workers", index, "rayStartParams", "resources"), why, why))
+    return found
+
+
+# ------------------------------------------------------------------------------------------ pod templates
+
+
+def _template_problems(spec: model.TrainingRunSpec) -> list[Problem]:
+    """What each group's `template` must not say (see the module docstring)."""
+    groups: list[tuple[Loc, podtemplate.Group, model.RayGroup | model.WorkerGroup]] = [
+        (("spec", "ray", "head"), "head", spec.ray.head)
+    ]
+    groups += [(("spec", "ray", "workers", i), "worker", g) for i, g in enumerate(spec.ray.workers or [])]
+    found = []
+    for at, kind, group in groups:
+        refused = podtemplate.problems(group.template, kind) + podtemplate.conflicts(
+            group.template, group.node_selector
+        )
+        found += [Problem((*at, "template", *r.loc), r.message, r.message) for r in refused]
     return found
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib.util
+import json
 import pathlib
 import typing
 from collections.abc import Callable
@@ -254,6 +256,70 @@ def test_crd_schema_rejects_a_malformed_spec(
     (doc,) = _training_runs("tiny.yaml")
     doc = copy.deepcopy(doc)
     mutate(doc["spec"])
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        _validate(doc, openapi_to_jsonschema)
+    assert field in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------------ pod templates
+
+
+def _sync_manifests() -> Any:
+    """operator/sync_manifests.py (a script, not a module of the package), loaded from its file."""
+    path = REPO / "operator" / "sync_manifests.py"
+    spec = importlib.util.spec_from_file_location("sync_manifests", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _groups() -> dict[str, dict[str, Any]]:
+    ray = _schema()["properties"]["spec"]["properties"]["ray"]["properties"]
+    return {"head": ray["head"], "worker": ray["workers"]["items"]}
+
+
+@pytest.mark.parametrize("group", ["head", "worker"])
+def test_the_template_schema_is_kuberays_pod_template_spec_with_the_owned_fields_rules(
+    group: str, kuberay_rayjob_crd: dict[str, Any]
+) -> None:
+    sync = _sync_manifests()
+    kuberay = sync.kuberay_pod_template(kuberay_rayjob_crd)
+    ours = _groups()[group]["properties"]["template"]
+    assert ours == sync.template_schema(kuberay, group), "drift: run `.venv/bin/python operator/sync_manifests.py`"
+    pod, theirs = ours["properties"]["spec"], kuberay["properties"]["spec"]
+    assert set(pod["properties"]) == set(theirs["properties"]), "every PodSpec field, none invented"
+    assert pod["properties"]["affinity"] == theirs["properties"]["affinity"]
+    assert "required" not in pod, "a fragment need not list the containers"
+    assert set(ours["properties"]["metadata"]["properties"]) == {"labels", "annotations"}
+
+
+def test_the_crd_fits_the_api_servers_limits_with_room_for_client_side_apply() -> None:
+    """The API server stores a CRD of up to about 1.5 MB (etcd's request limit); `kubectl apply` without
+    --server-side also copies the object into an annotation, and annotations are limited to 256 KiB."""
+    size = len(json.dumps(_crd(), separators=(",", ":")))
+    assert size < 256 * 1024, size
+
+
+@pytest.mark.parametrize(
+    ("fragment", "field"),
+    [
+        ({"spec": {"priorityClasName": "high"}}, "priorityClasName"),
+        ({"spec": {"imagePullSecrets": "registry"}}, "imagePullSecrets"),
+        (
+            {"spec": {"containers": [{"name": "ray-head", "env": [{"name": "A", "valueFrom": {"secretRef": {}}}]}]}},
+            "secretRef",
+        ),
+        ({"metadata": {"labels": {"team": 1}}}, "team"),
+        ({"metadata": {"name": "pod"}}, "name"),
+    ],
+    ids=["misspelled field", "wrong type", "misspelled nested field", "label not a string", "pod name"],
+)
+def test_the_crd_schema_rejects_a_template_typo_naming_it(
+    fragment: dict[str, Any], field: str, openapi_to_jsonschema: Callable[..., Any]
+) -> None:
+    (doc,) = _training_runs("tiny.yaml")
+    doc["spec"]["ray"]["head"]["template"] = fragment
     with pytest.raises(jsonschema.ValidationError) as caught:
         _validate(doc, openapi_to_jsonschema)
     assert field in str(caught.value)

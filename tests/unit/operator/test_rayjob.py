@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from support import templates
 from trainingrun_operator import identity, model, rayjob
 from trainingrun_runtime.config import RuntimeConfig
 
@@ -58,6 +59,23 @@ def test_every_ray_pod_gets_a_memory_backed_dev_shm_sized_by_the_groups_shm_size
     assert {"name": "dev-shm", "emptyDir": {"medium": "Memory", "sizeLimit": 2**30}} in worker["volumes"]
     for pod in (head, worker):
         assert {"name": "dev-shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_rayjob_with_pod_templates_validates_against_kuberays_v1_5_0_crd_schema(
+    kuberay_rayjob_crd: dict[str, Any], openapi_to_jsonschema: Callable[..., Any]
+) -> None:
+    doc = templates.with_templates(head=templates.HEAD, worker=templates.WORKER)
+    body = rayjob.build_rayjob("tiny", "ns", "uid-1", 1, None, model.TrainingRunSpec.model_validate(doc["spec"]))
+    rayjob_validator(kuberay_rayjob_crd, openapi_to_jsonschema).validate(body)
+
+
+def test_the_schema_check_catches_a_misspelled_field_in_a_merged_template(
+    kuberay_rayjob_crd: dict[str, Any], openapi_to_jsonschema: Callable[..., Any]
+) -> None:
+    doc = templates.with_templates(head={"spec": {"priorityClasName": "high"}})
+    body = rayjob.build_rayjob("tiny", "ns", "uid-1", 1, None, model.TrainingRunSpec.model_validate(doc["spec"]))
+    with pytest.raises(jsonschema.ValidationError, match="priorityClasName"):
+        rayjob_validator(kuberay_rayjob_crd, openapi_to_jsonschema).validate(body)
 
 
 def test_the_schema_check_catches_a_misspelled_rayjob_field(

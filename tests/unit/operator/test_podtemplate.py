@@ -1,0 +1,237 @@
+"""A group's pod template: the user's fragment merged into the operator's, and what a fragment may not set,
+refused naming the field, by the operator's own check with the same words as the CRD's CEL rules."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from support import templates
+from trainingrun_operator import model, podtemplate, rayjob, validation
+
+LABELS = {"trainingrun.dev/run": "r", "trainingrun.dev/attempt": "2", "app.kubernetes.io/managed-by": "x"}
+
+
+def ours(group: podtemplate.Group = "head", shm_size: int | str | None = None) -> dict[str, Any]:
+    return podtemplate.base(group, "img:1", "IfNotPresent", LABELS, {"limits": {"cpu": "4"}}, "claim", shm_size)
+
+
+def containers(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in template["spec"]["containers"]}
+
+
+# ------------------------------------------------------------------------------------------------ merge
+
+
+def test_the_ray_container_gets_the_fragments_env_mounts_and_security_context_and_keeps_the_operators() -> None:
+    pod = podtemplate.merged(ours(), templates.HEAD)
+    ray = pod["spec"]["containers"][0]
+    assert ray["name"] == "ray-head", "KubeRay runs Ray in containers[0]"
+    assert (ray["image"], ray["imagePullPolicy"], ray["resources"]) == (
+        "img:1",
+        "IfNotPresent",
+        {"limits": {"cpu": "4"}},
+    )
+    assert ray["env"][0] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert ray["envFrom"] == [{"configMapRef": {"name": "settings"}}]
+    assert ray["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/checkpoints"},
+        {"name": "dev-shm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": "/cache"},
+    ]
+    assert ray["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_other_containers_of_the_fragment_are_sidecars_after_the_ray_container() -> None:
+    pod = podtemplate.merged(ours(), templates.HEAD)
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["ray-head", "checkpoint-sync"]
+    assert containers(pod)["checkpoint-sync"]["volumeMounts"] == [
+        {"name": "checkpoints", "mountPath": "/data", "readOnly": True}
+    ]
+
+
+def test_volumes_are_the_operators_then_the_fragments() -> None:
+    pod = podtemplate.merged(ours(), templates.HEAD)
+    assert pod["spec"]["volumes"] == [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "claim"}},
+        {"name": "dev-shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
+
+
+def test_labels_and_annotations_are_added_beside_the_run_and_attempt_labels() -> None:
+    pod = podtemplate.merged(ours(), templates.HEAD)
+    assert pod["metadata"] == {
+        "labels": {**LABELS, "team": "research"},
+        "annotations": {"example.com/owner": "research-infra"},
+    }
+
+
+def test_scheduling_and_security_fields_of_the_fragment_reach_the_pod() -> None:
+    spec = podtemplate.merged(ours(), templates.HEAD)["spec"]
+    given = templates.HEAD["spec"]
+    for field in ("affinity", "tolerations", "imagePullSecrets", "priorityClassName", "securityContext"):
+        assert spec[field] == given[field], field
+
+
+def test_a_list_or_map_both_give_keeps_the_operators_items_first() -> None:
+    base = ours()
+    base["spec"]["tolerations"] = [{"key": "spot", "operator": "Exists"}]
+    base["spec"]["nodeSelector"] = {"pool": "a"}
+    fragment = {"spec": {"tolerations": [{"key": "gpu", "operator": "Exists"}], "nodeSelector": {"disk": "ssd"}}}
+    spec = podtemplate.merged(base, fragment)["spec"]
+    assert spec["tolerations"] == [{"key": "spot", "operator": "Exists"}, {"key": "gpu", "operator": "Exists"}]
+    assert spec["nodeSelector"] == {"pool": "a", "disk": "ssd"}
+
+
+def test_merging_changes_neither_the_fragment_nor_the_operators_template() -> None:
+    base, fragment = ours(), copy.deepcopy(templates.HEAD)
+    before = (copy.deepcopy(base), copy.deepcopy(fragment))
+    pod = podtemplate.merged(base, fragment)
+    pod["spec"]["containers"][0]["env"].append({"name": "X", "value": "1"})
+    pod["spec"]["volumes"].clear()
+    assert (base, fragment) == before
+
+
+def test_no_fragment_leaves_the_operators_template() -> None:
+    assert podtemplate.merged(ours(), None) == ours() == podtemplate.merged(ours(), {})
+
+
+def test_every_ray_pod_gets_a_memory_backed_dev_shm_sized_by_shm_size() -> None:
+    for group in ("head", "worker"):
+        pod = ours(group, "8Gi")
+        assert {"name": "dev-shm", "mountPath": "/dev/shm"} in pod["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "dev-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["spec"]["volumes"]
+    assert {"name": "dev-shm", "emptyDir": {"medium": "Memory"}} in ours()["spec"]["volumes"], "unset: no sizeLimit"
+
+
+# ----------------------------------------------------------------------------------------------- refuse
+
+
+@pytest.mark.parametrize("case", templates.REFUSED, ids=[c.id for c in templates.REFUSED])
+def test_a_fragment_that_sets_an_owned_field_is_refused_naming_the_field(case: templates.Refused) -> None:
+    (problem,) = validation.run_problems(case.run())
+    assert problem.path == case.path
+    assert case.says in problem.explained
+    spec = model.TrainingRunSpec.model_validate(case.run()["spec"])
+    assert validation.spec_problem(spec) == f"{case.path}: {problem.message}", "the operator fails the run so"
+
+
+def test_the_fragments_a_platform_team_writes_have_no_problem() -> None:
+    assert validation.run_problems(templates.with_templates(head=templates.HEAD, worker=templates.WORKER)) == []
+
+
+def test_a_worker_group_may_set_its_service_account_and_its_ray_containers_lifecycle() -> None:
+    fragment = {
+        "spec": {
+            "serviceAccountName": "gen",
+            "containers": [{"name": "ray-worker", "lifecycle": {"preStop": {"exec": {"command": ["true"]}}}}],
+        }
+    }
+    assert podtemplate.problems(fragment, "worker") == []
+    assert {r.loc for r in podtemplate.problems(fragment, "head")} == {
+        ("spec", "serviceAccountName"),
+        ("spec", "containers", 0, "name"),
+        ("spec", "containers", 0, "image"),
+    }
+
+
+def test_every_refusal_is_listed_at_once_in_the_fragments_order() -> None:
+    fragment = {
+        "metadata": {"labels": {"trainingrun.dev/run": "x"}},
+        "spec": {
+            "serviceAccountName": "x",
+            "volumes": [{"name": "checkpoints"}],
+            "containers": [{"name": "ray-head", "image": "x", "command": ["x"]}],
+        },
+    }
+    assert [r.loc for r in podtemplate.problems(fragment, "head")] == [
+        ("metadata", "labels"),
+        ("spec", "serviceAccountName"),
+        ("spec", "volumes", 0, "name"),
+        ("spec", "containers", 0, "image"),
+        ("spec", "containers", 0, "command"),
+    ]
+
+
+def test_a_node_selector_key_the_group_gives_another_value_is_refused() -> None:
+    doc = templates.with_templates(head={"spec": {"nodeSelector": {"pool": "b", "disk": "ssd"}}})
+    doc["spec"]["ray"]["head"]["nodeSelector"] = {"pool": "a"}
+    (problem,) = validation.run_problems(doc)
+    assert problem.path == "spec.ray.head.template.spec.nodeSelector"
+    assert "pool is 'a' in the group's nodeSelector and 'b' here" in problem.explained
+    doc["spec"]["ray"]["head"]["nodeSelector"] = {"pool": "b"}
+    assert validation.run_problems(doc) == [], "the same value twice is no conflict"
+
+
+def test_a_mount_of_a_volume_no_one_defines_is_refused_before_kuberay_meets_it() -> None:
+    fragment = _mounting("cahce", volumes=["cache"])
+    (problem,) = validation.run_problems(templates.with_templates(worker=fragment))
+    assert problem.path == "spec.ray.workers.0.template.spec.containers.0.volumeMounts.0.name"
+    assert "no volume is named 'cahce'" in problem.explained
+    for name in ("cache", "checkpoints", "dev-shm"):
+        assert validation.run_problems(templates.with_templates(worker=_mounting(name, volumes=["cache"]))) == []
+
+
+def _mounting(name: str, volumes: list[str]) -> dict[str, Any]:
+    return {
+        "spec": {
+            "volumes": [{"name": v, "emptyDir": {}} for v in volumes],
+            "containers": [{"name": "ray-worker", "volumeMounts": [{"name": name, "mountPath": "/mnt/x"}]}],
+        }
+    }
+
+
+# ------------------------------------------------------------------------------------- the CRD's CEL rules
+
+
+@pytest.mark.parametrize("group", ["head", "worker"])
+def test_each_rule_becomes_one_cel_rule_with_the_same_message_and_the_field_it_names(group: podtemplate.Group) -> None:
+    rules = podtemplate.cel_rules(group)
+    mine = [r for r in podtemplate.RULES if group in r.groups]
+    assert sum(len(v) for v in rules.values()) == len(mine)
+    refused_words = {r.message for r in podtemplate.problems(_breaking_every_rule(group), group)}
+    assert {c["message"] for v in rules.values() for c in v} == refused_words
+    assert all(c["fieldPath"].startswith(".") for v in rules.values() for c in v)
+
+
+def test_no_cel_rule_walks_a_list_so_the_api_servers_cost_estimate_accepts_it() -> None:
+    groups: tuple[podtemplate.Group, ...] = ("head", "worker")
+    texts = [c["rule"] for g in groups for v in podtemplate.cel_rules(g).values() for c in v]
+    assert not [t for t in texts if ".all(" in t or ".exists(" in t or ".map(" in t]
+
+
+def _breaking_every_rule(group: podtemplate.Group) -> dict[str, Any]:
+    """A fragment that breaks every rule of `group` once."""
+    ray, other = ("ray-head", "ray-worker") if group == "head" else ("ray-worker", "ray-head")
+    rules = [r for r in podtemplate.RULES if group in r.groups]
+    ray_keys = {r.name: "x" for r in rules if r.node == "ray-container"}
+    mounts = [{"name": "v", "mountPath": r.name} for r in rules if r.node == "mount"]
+    return {
+        "metadata": {"labels": {r.name: "x" for r in rules if r.node == "labels"}},
+        "spec": {
+            **{r.name: "x" for r in rules if r.node == "pod"},
+            "volumes": [{"name": r.name} for r in rules if r.node == "volume"],
+            "containers": [{"name": ray, **ray_keys, "volumeMounts": mounts}, {"name": other}],
+        },
+    }
+
+
+def test_the_rayjob_builder_merges_each_groups_template() -> None:
+    doc = templates.with_templates(head=templates.HEAD, worker=templates.WORKER)
+    body = rayjob.build_rayjob("tiny", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(doc["spec"]))
+    cluster = body["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]
+    (worker,) = [g["template"] for g in cluster["workerGroupSpecs"]]
+    assert head["spec"]["serviceAccountName"] == "tiny-driver"
+    assert head["spec"]["priorityClassName"] == templates.PRIORITY_CLASS
+    assert containers(head)["ray-head"]["lifecycle"]["preStop"]["exec"]["command"][2] == (
+        "trainingrun_runtime.driver.notice"
+    )
+    assert worker["spec"]["serviceAccountName"] == templates.WORKER_SERVICE_ACCOUNT
+    assert worker["spec"]["automountServiceAccountToken"] is False
+    assert containers(worker)["ray-worker"]["lifecycle"] == templates.WORKER["spec"]["containers"][0]["lifecycle"]
+    assert worker["metadata"]["labels"]["role"] == "generation"
+    assert worker["metadata"]["labels"]["trainingrun.dev/attempt"] == "1"
