@@ -94,6 +94,11 @@ spec:
 """
 
 
+GRACE_CAP_SECONDS = 35.0
+"""The bed's pods get the grace period their spec asks for, up to this: the head's default (30 s) in full, so that
+the driver's save on the preemption notice has the time it plans with (a pod's processes end as soon as its
+`ray start` exits, so a pod that goes quietly does not wait for it)."""
+
 WORKER_TAINT = {"key": "trainingrun.dev/testbed-workers", "value": "true", "effect": "NoSchedule"}
 """On the bed's worker node: a run's worker groups tolerate it (and select WORKER_LABEL), nothing else lands there."""
 WORKER_LABEL = {"trainingrun.dev/testbed-pool": "workers"}
@@ -119,7 +124,9 @@ class FullLoopBed:
     def start(self) -> FullLoopBed:
         try:
             self.forward_proxy = proxy.ForwardProxy().start()
-            self.runner = podrunner.PodRunner.for_plane(self.plane, self.forward_proxy).start()
+            self.runner = podrunner.PodRunner.for_plane(self.plane, self.forward_proxy)
+            self.runner.grace_cap = GRACE_CAP_SECONDS
+            self.runner.start()
             self._start_node()
             self.kuberay_operator = kuberay.KubeRayOperator(self.plane, self.forward_proxy).start()
         except BaseException:

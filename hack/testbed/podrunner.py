@@ -653,12 +653,13 @@ def _now() -> str:
 
 
 def _terminate(local: localpod.LocalPod, grace: float) -> None:
-    """SIGTERM to every process of the pod, SIGKILL after `grace` seconds (at once when 0) until none is left,
-    then reaps its `ray start`."""
+    """SIGTERM to every process of the pod; once its `ray start` (the container's main process) has exited, or
+    `grace` seconds have passed (at once when 0), SIGKILL to whatever is left until none is, as a container runtime
+    ends a container whose main process exited; then reaps its `ray start`."""
     if grace > 0:
         localpod.signal_pod(local.uid, local.process, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and localpod.pod_processes(local.uid):
+        while time.monotonic() < deadline and _container_runs(local):
             time.sleep(0.2)
     localpod.kill_all(local.uid, local.process)
     if local.process is not None:
@@ -667,3 +668,10 @@ def _terminate(local: localpod.LocalPod, grace: float) -> None:
             local.exit_code = local.process.returncode
         except subprocess.TimeoutExpired:
             pass
+
+
+def _container_runs(local: localpod.LocalPod) -> bool:
+    """While the pod's `ray start` runs (without one: while any of its processes does)."""
+    if local.process is not None:
+        return local.process.poll() is None
+    return bool(localpod.pod_processes(local.uid))
