@@ -144,6 +144,13 @@ def _message(rule: Rule, group: Group) -> str:
 # ----------------------------------------------------------------------------------------------- build
 
 
+RAY_DRAIN_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+"""Ray 2.60's `ray start --block` drains its node for this many seconds (default 30) on SIGTERM before it stops: a
+deleted head would hold its pod, and with it the next attempt, for most of its grace period after the driver has
+saved on the notice. Our pods serve no traffic to drain, so the operator sets 0 (a template's env may set it again:
+the later entry wins)."""
+
+
 def base(
     group: Group,
     image: str,
@@ -153,8 +160,9 @@ def base(
     claim_name: str,
     shm_size: int | str | None,
 ) -> dict[str, Any]:
-    """The operator's own pod template of a group: the Ray container (image, resources, the checkpoint volume at
-    /checkpoints, a memory-backed /dev/shm) and the pod's labels. `rayjob.py` adds the rest of what it owns."""
+    """The operator's own pod template of a group: the Ray container (image, resources, no drain on SIGTERM, the
+    checkpoint volume at /checkpoints, a memory-backed /dev/shm) and the pod's labels. `rayjob.py` adds the rest of
+    what it owns."""
     shm: dict[str, Any] = {"medium": "Memory"}
     if shm_size is not None:
         shm["sizeLimit"] = shm_size
@@ -163,6 +171,7 @@ def base(
         "image": image,
         "imagePullPolicy": image_pull_policy,
         "resources": dict(resources),
+        "env": [{"name": RAY_DRAIN_VARIABLE, "value": "0"}],
         "volumeMounts": [
             {"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT},
             {"name": SHM_VOLUME, "mountPath": SHM_MOUNT},

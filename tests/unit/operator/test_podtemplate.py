@@ -34,7 +34,10 @@ def test_the_ray_container_gets_the_fragments_env_mounts_and_security_context_an
         "IfNotPresent",
         {"limits": {"cpu": "4"}},
     )
-    assert ray["env"][0] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert ray["env"][:2] == [
+        {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"},  # ours first: a later entry of theirs wins
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+    ]
     assert ray["envFrom"] == [{"configMapRef": {"name": "settings"}}]
     assert ray["volumeMounts"] == [
         {"name": "checkpoints", "mountPath": "/checkpoints"},
