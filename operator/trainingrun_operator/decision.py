@@ -18,7 +18,8 @@ One pass runs in a fixed order:
                      the stall watchdog on? look again when its deadline would pass (`watchdog.py`)
       Restarting  -> wait until the old attempt's pods are gone and the backoff passed -> start next
       Suspended   -> unsuspended and pods gone? start next attempt
-    derive conditions; check the transition table; diff into a merge patch (never touching status.runtime)
+    derive conditions; check the transition table; progress, reward, ETA and the attempt table (progress.py);
+    diff into a merge patch (never touching status.runtime)
 
 Identities (the attempt number and RayJob name, the driver's ServiceAccount) are in the returned status
 before the matching Create actions: the caller writes the status first, then acts, so a crash between the
@@ -37,7 +38,17 @@ import dataclasses
 import datetime
 from typing import Any
 
-from trainingrun_operator import conditions, model, naming, patching, phases, restarts, validation, watchdog
+from trainingrun_operator import (
+    conditions,
+    model,
+    naming,
+    patching,
+    phases,
+    progress,
+    restarts,
+    validation,
+    watchdog,
+)
 from trainingrun_operator.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
@@ -534,6 +545,8 @@ def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
             old.conditions, p.phase, p.reason, p.message, book.latest if book else None, p.now, inputs.generation
         ),
     )
+    if inputs.spec is not None:
+        p.status = progress.summarise(inputs.spec, p.status, inputs.now)  # what kubectl get and describe show
     before = {k: v for k, v in old.wire().items() if k != "runtime"}
     after = {k: v for k, v in p.status.wire().items() if k != "runtime"}
     return Decision(p.status, patching.diff(before, after), tuple(p.actions), p.requeue)

@@ -34,6 +34,7 @@ __all__ = [
     "Identity",
     "ObjectMeta",
     "PVCSource",
+    "ProgressRate",
     "RayClusterShape",
     "RayGroup",
     "Resources",
@@ -316,6 +317,15 @@ class CheckpointsStatus(_Wire):
     bad: list[int] | None = None
 
 
+class ProgressRate(_Wire):
+    """The driver's report that the run's recent progress rate was last measured at, and that rate (`progress`)."""
+
+    attempt: int
+    step: int
+    time: str
+    steps_per_second: float | None = None
+
+
 class TrainingRunStatus(_Wire):
     """What the operator (and, in `runtime`, the driver) observed."""
 
@@ -334,6 +344,15 @@ class TrainingRunStatus(_Wire):
     checkpoints: CheckpointsStatus | None = None
     runtime: RuntimeReport | None = None
     conditions: list[Condition] | None = None
+    progress: str | None = None
+    """`<step shown>/<spec.trainer.steps>` (the PROGRESS column; `progress.summarise`)."""
+    reward: float | None = None
+    """The current attempt's newest reported mean reward, to 3 decimals (REWARD, -o wide)."""
+    eta: str | None = None
+    """Time left at the recent rate, rounded, while Running (ETA, -o wide)."""
+    rate: ProgressRate | None = None
+    attempt_table: list[str] | None = Field(default=None, max_length=102)
+    """One aligned line per attempt under a header, for `kubectl describe`."""
 
 
 class ObjectMeta(BaseModel):

@@ -105,6 +105,7 @@ def test_an_evicted_head_is_survived_and_attempt_2_resumes_from_the_recorded_ste
     columns = printer_columns(loop, namespace, "tiny")
     assert columns["PHASE"] == "Succeeded"
     assert columns["STEP"] == str(steps) and columns["ATTEMPT"] == "2" and columns["RESTARTS"] == "1", columns
+    assert columns["PROGRESS"] == f"{steps}/{steps}", columns
 
     assert ended["number"] == 1 and ended["reason"] == "Preempted", final["attempts"]
     # Lost: from the recorded checkpoint to the newest step the driver reported before it was killed.

@@ -185,6 +185,9 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
         "attempt": {"number": 2},
         "restarts": {"total": 1, "preempted": 1},
         "checkpoints": {"latest": {"step": 15, "attempt": 2}},
+        "progress": "18/120",
+        "reward": 0.625,
+        "eta": "3m",
     }
     control_plane.kubectl(
         "patch",
@@ -199,13 +202,19 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
     )
 
     table = control_plane.kubectl("get", "trun", "columns", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "STEP", "ATTEMPT", "RESTARTS", "AGE"]
-    name, phase, step, attempt, restarts, age = table[1].split()
-    assert (name, phase, step, attempt, restarts) == ("columns", "Running", "15", "2", "1")
+    assert table[0].split() == ["NAME", "PHASE", "PROGRESS", "STEP", "ATTEMPT", "RESTARTS", "AGE"]
+    name, phase, progress, step, attempt, restarts, age = table[1].split()
+    assert (name, phase, progress, step, attempt, restarts) == ("columns", "Running", "18/120", "15", "2", "1")
     assert age.endswith("s")
     wide = control_plane.kubectl("get", "trainingruns.trainingrun.dev", "-n", namespace, "-o", "wide").stdout
-    assert wide.splitlines()[0].split() == ["NAME", "PHASE", "STEP", "ATTEMPT", "RESTARTS", "REASON", "AGE"]
-    assert wide.splitlines()[1].split()[5] == "AttemptRunning"
+    header, row = wide.splitlines()
+    assert header.split() == [
+        *["NAME", "PHASE", "PROGRESS", "STEP", "ATTEMPT", "RESTARTS"],
+        *["WORKERS-LOST", "REWARD", "ETA", "REASON", "AGE"],
+    ]
+    at = header.index
+    assert row[at("WORKERS-LOST") : at("REWARD")].strip() == "", "no workersLost in this status"
+    assert row[at("REWARD") :].split()[:3] == ["0.625", "3m", "AttemptRunning"]
 
 
 def test_kuberay_schema_accepts_a_well_formed_rayjob_and_rejects_one_without_a_head_template(

@@ -138,7 +138,7 @@ def test_success_leads_to_succeeded_and_kubectl_wait_sees_it(
     assert status["phase"] == "Succeeded"
     assert status["checkpoints"]["latest"]["step"] == 40
     printed = control_plane.kubectl("get", "trun", "tiny", "-n", cluster.namespace, "--no-headers").stdout.split()
-    assert printed[:5] == ["tiny", "Succeeded", "40", "1", "0"]
+    assert printed[:6] == ["tiny", "Succeeded", "40/120", "40", "1", "0"]
 
 
 def test_a_checkpoint_report_from_a_stale_attempt_is_ignored(

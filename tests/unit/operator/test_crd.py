@@ -83,11 +83,12 @@ def test_crd_names_group_version_kind_and_short_name() -> None:
     assert version["subresources"] == {"status": {}}
 
 
-def test_printer_columns_show_phase_step_attempt_restarts_and_age() -> None:
+def test_printer_columns_show_phase_progress_step_attempt_restarts_and_age() -> None:
     (version,) = _crd()["spec"]["versions"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 0}
     assert columns == {
         "Phase": ".status.phase",
+        "Progress": ".status.progress",
         "Step": ".status.checkpoints.latest.step",
         "Attempt": ".status.attempt.number",
         "Restarts": ".status.restarts.total",
@@ -95,10 +96,26 @@ def test_printer_columns_show_phase_step_attempt_restarts_and_age() -> None:
     }
 
 
-def test_wide_output_adds_the_reason_and_the_workers_lost_by_the_attempt() -> None:
+def test_wide_output_adds_the_workers_lost_by_the_attempt_the_reward_the_eta_and_the_reason() -> None:
     (version,) = _crd()["spec"]["versions"]
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 1}
-    assert wide == {"Workers-Lost": ".status.attempt.workersLost", "Reason": ".status.reason"}
+    assert wide == {
+        "Workers-Lost": ".status.attempt.workersLost",
+        "Reward": ".status.reward",
+        "ETA": ".status.eta",
+        "Reason": ".status.reason",
+    }
+
+
+def test_every_status_column_points_at_a_field_the_status_declares_with_the_columns_type() -> None:
+    (version,) = _crd()["spec"]["versions"]
+    columns = [c for c in version["additionalPrinterColumns"] if c["jsonPath"].startswith(".status.")]
+    assert len(columns) == 9
+    for column in columns:
+        node = _schema()
+        for part in column["jsonPath"].lstrip(".").split("."):
+            node = node["properties"][part]
+        assert node["type"] == column["type"], column
 
 
 def test_restart_policy_bounds_worker_replacement_a_not_ready_head_node_and_stalls_with_defaults() -> None:

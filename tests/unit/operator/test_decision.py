@@ -1012,3 +1012,43 @@ def test_a_stalled_local_driver_is_killed_until_its_processes_are_gone_then_the_
     assert DeleteRayJob("tiny-a1") in again.actions and creates(again) == [], "killed again while any is left"
     (create,) = creates(store.decide(AttemptObservation(number=1, backend="local")))
     assert create == CreateAttempt(2, "tiny-a2", 5)
+
+
+# ------------------------------------------------------------------------------------ what kubectl shows
+
+
+def test_a_pass_that_learns_a_new_step_writes_only_the_progress_fields_and_one_that_learns_nothing_writes_nothing() -> (
+    None
+):
+    store = Store()
+    start_and_run(store)
+    store.report(1, 10)
+    store.decide(running(1))
+    assert (store.status["progress"], store.status["rate"]["step"]) == ("10/120", 10)
+    store.status["runtime"].update(step=25, reward=0.4567, updated="2025-01-01T00:00:30Z")
+    store.now += datetime.timedelta(seconds=31)
+    result = store.decide(running(1))
+    assert result.patch == {
+        "progress": "25/120",
+        "reward": 0.457,
+        "eta": "3m",
+        "rate": {"step": 25, "time": "2025-01-01T00:00:30Z", "stepsPerSecond": 0.5},
+    }
+    store.now += datetime.timedelta(seconds=40)
+    assert store.decide(running(1)).patch == {}
+
+
+def test_the_attempt_table_follows_the_attempts_through_a_preemption() -> None:
+    store = Store()
+    start_and_run(store)
+    assert [line.split()[0] for line in store.status["attemptTable"]] == ["ATTEMPT", "1"]
+    store.report(1, 10)
+    store.decide(running(1))
+    store.now += datetime.timedelta(minutes=2)
+    store.decide(preempted(1))
+    assert store.status["attemptTable"][1].split()[2:5] == ["2m00s", "fresh", "Preempted"]
+    store.decide(gone(1))
+    assert [line.split()[:2] for line in store.status["attemptTable"][1:]] == [
+        ["1", "2025-01-01T00:00:00Z"],
+        ["2", "2025-01-01T00:02:00Z"],
+    ]

@@ -36,3 +36,24 @@ async def test_wait_any_returns_on_the_first_signal_and_cancels_the_rest() -> No
     await wakeups.wait_any(first.wait(), never.wait(), timeout=5)
     assert time.monotonic() - started < 1
     assert len(asyncio.all_tasks()) == 1, "no waiter left behind"
+
+
+def progress_report(step: int, updated: str) -> dict[str, object]:
+    runtime = {"attempt": 1, "step": step, "reward": 0.5, "updated": updated}
+    return {"metadata": {"generation": 1}, "status": {"phase": "Running", "runtime": runtime}}
+
+
+def test_progress_reports_wake_a_run_only_once_they_are_the_refresh_period_newer_than_the_last_pass_read() -> None:
+    signals = wakeups.Wakeups()
+    signals.saw("ns", "a", progress_report(10, "2025-01-01T00:00:00.000Z"))
+    assert not signals.is_news("ns", "a", progress_report(11, "2025-01-01T00:00:01.000Z"))
+    assert not signals.is_news("ns", "a", progress_report(39, "2025-01-01T00:00:29.999Z"))
+    assert signals.is_news("ns", "a", progress_report(40, "2025-01-01T00:00:30.000Z"))
+    signals.saw("ns", "a", progress_report(40, "2025-01-01T00:00:30.000Z"))
+    assert not signals.is_news("ns", "a", progress_report(41, "2025-01-01T00:00:31.000Z"))
+
+
+def test_a_progress_report_with_an_unreadable_time_wakes_no_one() -> None:
+    signals = wakeups.Wakeups()
+    signals.saw("ns", "a", progress_report(10, "2025-01-01T00:00:00.000Z"))
+    assert not signals.is_news("ns", "a", progress_report(99, "yesterday"))
