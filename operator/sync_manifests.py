@@ -9,15 +9,17 @@ Sources and what is generated from them:
   `# BEGIN GENERATED <name>` and `# END GENERATED <name>`: the schema of spec.ray.head.template and of
   spec.ray.workers[].template, which is KubeRay's PodTemplateSpec schema (itself Kubernetes'), narrowed to what a
   fragment may say (metadata: labels and annotations; no field required but the keys of keyed lists), with the
-  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns). The rest of that file is
-  written by hand.
+  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns).
+- trainingrun_runtime.config.TrainerConfig (the runtime's config model) -> the region `trainer` of the same file:
+  the schema of spec.trainer (trainingrun_operator.crdschema). The rest of that file is written by hand.
 - manifests/crd/trainingrun.dev_trainingruns.yaml (source) -> charts/trainingrun/crds/ (a byte-identical copy)
 - charts/trainingrun/ (source) -> manifests/deploy/trainingrun-operator.yaml (`helm template` with the chart's
   default values, release `trainingrun` in namespace `trainingrun-system`; for `kubectl apply` without Helm)
 
 Helm and KubeRay's module come from the test bed's binaries (`make testbed`); helm also from $HELM or PATH. The
-drift checks are tests: tests/unit/operator/test_manifests.py (the CRD copy), tests/unit/operator/test_crd.py (the
-template schema against KubeRay's) and tests/integration/test_operator_chart.py (the render).
+drift checks are tests: tests/unit/operator/test_manifests.py (the CRD copy, spec.trainer against the config
+model), tests/unit/operator/test_crd.py (the template schema against KubeRay's) and
+tests/integration/test_operator_chart.py (the render).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "hack" / "testbed"))
 
 import binaries  # noqa: E402  (hack/testbed: where the pinned KubeRay module is)
-from trainingrun_operator import podtemplate  # noqa: E402
+from trainingrun_operator import crdschema, podtemplate  # noqa: E402
 
 CRD_SOURCE = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
 CRD_COPY = REPO / "charts" / "trainingrun" / "crds" / CRD_SOURCE.name
@@ -81,6 +83,8 @@ def render_chart(helm: str) -> str:
 
 # ----------------------------------------------------------------------------- the pod template schema
 
+TRAINER_REGION = "trainer"
+"""The region of spec.trainer's schema, generated from the runtime's config model (`crdschema`)."""
 KUBERAY_RAYJOB_CRD = pathlib.Path("config", "crd", "bases", "ray.io_rayjobs.yaml")
 TEMPLATE_REGIONS: dict[str, podtemplate.Group] = {"head-template": "head", "worker-template": "worker"}
 TEMPLATE_DESCRIPTION = {
@@ -193,6 +197,7 @@ def crd_source(rayjob_crd: dict[str, Any]) -> str:
     """Our CRD: the hand-written file with its generated regions rewritten."""
     kuberay = kuberay_pod_template(rayjob_crd)
     regions = {name: template_schema(kuberay, group) for name, group in TEMPLATE_REGIONS.items()}
+    regions[TRAINER_REGION] = _type_first(crdschema.trainer_schema())
     return with_regions(CRD_SOURCE.read_text(), regions)
 
 

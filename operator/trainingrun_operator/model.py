@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -23,6 +32,7 @@ __all__ = [
     "HEAD_GRACE_SECONDS",
     "KIND",
     "PLURAL",
+    "QUANTITY_PATTERN",
     "SIZE_PATTERN",
     "VERSION",
     "AttemptRecord",
@@ -57,7 +67,38 @@ KIND = "TrainingRun"
 PLURAL = "trainingruns"
 
 Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
-Quantity = int | str
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""A Kubernetes quantity written as a string (`500m`, `4Gi`, `1e3`), as the API server's own schemas check it."""
+
+
+def _in_words(words: str) -> WrapValidator:
+    """One problem in the CRD's words instead of pydantic's (one per branch of a union: `cpu.int`, `cpu.str`)."""
+
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"{words} (got {value!r:.60})") from None
+
+    return WrapValidator(validate)
+
+
+Quantity = Annotated[
+    int | Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY_PATTERN)],
+    _in_words("must be a Kubernetes quantity: an integer, or a string like 500m, 4Gi or 1e3 of at most 64 characters"),
+]
+ResourceName = Annotated[
+    str,
+    StringConstraints(pattern=r"^(cpu|memory|ephemeral-storage|hugepages-.*|.*/.*)$"),
+    _in_words(
+        "a container resource is cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource with a "
+        "domain (example.com/gpu)"
+    ),
+]
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+RayStartParams = dict[str, Annotated[str, StringConstraints(max_length=4096)]]
 SIZE_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
 """A size in bytes as a Kubernetes quantity (`8Gi`, `500M`, `1e9`); the CRD's shmSize has the same pattern."""
 ShmSize = Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
@@ -84,16 +125,16 @@ class _Wire(BaseModel):
 class Resources(_Wire):
     """Requests and limits of the Ray container, as in a Pod (`{"cpu": 1, "memory": "2Gi"}`)."""
 
-    requests: dict[str, Quantity] | None = None
-    limits: dict[str, Quantity] | None = None
+    requests: dict[ResourceName, Quantity] | None = Field(default=None, max_length=16)
+    limits: dict[ResourceName, Quantity] | None = Field(default=None, max_length=16)
 
 
 class Toleration(_Wire):
     """A Pod toleration."""
 
-    key: str | None = None
+    key: str | None = Field(default=None, max_length=317)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=63)
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
@@ -107,9 +148,9 @@ class RayGroup(_Wire):
     """The head group: one pod, which runs all of the run's state (driver, controller, trainer, TransferQueue)."""
 
     resources: Resources | None = None
-    ray_start_params: dict[str, str] | None = None
-    node_selector: dict[str, str] | None = None
-    tolerations: list[Toleration] | None = None
+    ray_start_params: RayStartParams | None = Field(default=None, max_length=64)
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=64)
     termination_grace_period_seconds: int = Field(default=HEAD_GRACE_SECONDS, ge=0, le=3600)
     """The head pod's grace period: its preStop hook asks the driver to save and stop within it (`notice`)."""
     shm_size: ShmSize | None = None
@@ -124,9 +165,9 @@ class WorkerGroup(_Wire):
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
     replicas: int = Field(default=1, ge=0)
     resources: Resources | None = None
-    ray_start_params: dict[str, str] | None = None
-    node_selector: dict[str, str] | None = None
-    tolerations: list[Toleration] | None = None
+    ray_start_params: RayStartParams | None = Field(default=None, max_length=64)
+    node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=64)
     termination_grace_period_seconds: int | None = Field(default=None, ge=0, le=3600)
     shm_size: ShmSize | None = None
     template: dict[str, Any] | None = None
@@ -136,7 +177,7 @@ class WorkerGroup(_Wire):
 class RayClusterShape(_Wire):
     """The Ray cluster of every attempt: a head and zero or more worker groups."""
 
-    ray_version: str = "2.60.0"
+    ray_version: str = Field(default="2.60.0", max_length=32, pattern=r"^[0-9]+(\.[0-9]+)*([-+.][0-9A-Za-z.]+)?$")
     head: RayGroup
     workers: list[WorkerGroup] | None = Field(default=None, max_length=16)
 
@@ -144,7 +185,9 @@ class RayClusterShape(_Wire):
 class PVCSource(_Wire):
     """The PersistentVolumeClaim that holds the checkpoints."""
 
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    )
 
 
 class Retention(_Wire):
@@ -212,7 +255,7 @@ class RestartPolicy(_Wire):
 class TrainingRunSpec(_Wire):
     """What the user asks for."""
 
-    image: str = Field(min_length=1)
+    image: str = Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     ray: RayClusterShape
     trainer: dict[str, Any]

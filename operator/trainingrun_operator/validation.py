@@ -5,8 +5,14 @@ server cannot do at admission), the RayJob builder (`runtime_config`, the driver
 `offered_resources`) and `trainingrun run` (`run_problems`: every invalid field of a TrainingRun file at once, the
 model's and RuntimeConfig's).
 
-What `spec_problem` checks beyond the CRD's schema:
-- `spec.trainer` against the runtime's own RuntimeConfig;
+This is the second line. The first is the API server: the CRD's schema bounds every field, `spec.trainer`
+included (generated from the same RuntimeConfig: `crdschema.py`), so `kubectl apply` refuses most of what is here
+before the operator sees it. The checks here still run on every pass: `trainingrun run` has no API server, a
+TrainingRun admitted under an older CRD may not pass the newer one, and pydantic's models (the `model.py` mirror of
+the CRD, RuntimeConfig) are laxer than the API server in one way: how a scalar is written (`"7"` or `true` for 7, 1).
+
+What `spec_problem` checks, beyond what the CRD's schema already did:
+- `spec.trainer` against the runtime's own RuntimeConfig, once more;
 - placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
   KubeRay derives from the CPU limit, else from the request), and a worker group's `rayStartParams.resources`, which
   the RayJob builder extends with the generation resource, must be a JSON object of numbers;

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -61,12 +61,27 @@ class _Model(BaseModel):
     )
 
 
+def _cel_heads_divide_width(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """`_heads_divide_width` in CEL, for the CRD (trainingrun_operator.crdschema): the API server checks it at
+    admission. An absent field has its default here, which the rule reads from the model."""
+    width, heads = cls.model_fields["d_model"].default, cls.model_fields["n_heads"].default
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": f"(has(self.dModel) ? self.dModel : {width}) % (has(self.nHeads) ? self.nHeads : {heads}) == 0",
+            "message": f"nHeads must divide dModel (defaults {heads} and {width})",
+            "fieldPath": ".nHeads",
+        }
+    ]
+
+
 class ModelConfig(_Model):
     """The policy: a tiny decoder-only (causal) transformer."""
 
+    model_config = ConfigDict(json_schema_extra=_cel_heads_divide_width)
+
     d_model: int = Field(default=64, ge=8, description="Width of the residual stream. Default 64.")
     n_layers: int = Field(default=2, ge=1, description="Number of transformer blocks. Default 2.")
-    n_heads: int = Field(default=4, ge=1, description="Attention heads per block; must divide d_model. Default 4.")
+    n_heads: int = Field(default=4, ge=1, description="Attention heads per block; must divide dModel. Default 4.")
     d_ff: int = Field(default=128, ge=8, description="Hidden width of each block's MLP. Default 128.")
 
     @model_validator(mode="after")
@@ -95,6 +110,9 @@ class TaskConfig(_Model):
     )
 
 
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
 class GRPOConfig(_Model):
     """Group Relative Policy Optimisation: G samples per prompt, advantages normalised within the group."""
 
@@ -109,7 +127,9 @@ class GRPOConfig(_Model):
         ),
     )
     lr: float = Field(default=3e-3, gt=0.0, description="Adam learning rate (constant). Default 3e-3.")
-    adam_betas: tuple[float, float] = Field(default=(0.9, 0.99), description="Adam betas. Default [0.9, 0.99].")
+    adam_betas: tuple[_Beta, _Beta] = Field(
+        default=(0.9, 0.99), description="Adam betas, each in [0, 1) (as torch requires). Default [0.9, 0.99]."
+    )
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay. Default 0.0.")
     max_grad_norm: float = Field(default=1.0, gt=0.0, description="Global gradient-norm clip. Default 1.0.")
     temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature of the generators. Default 1.0.")

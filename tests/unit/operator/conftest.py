@@ -23,7 +23,8 @@ RAYJOB_CRD = "config/crd/bases/ray.io_rayjobs.yaml"
 def as_jsonschema(node: Any, *, closed: bool = False) -> Any:
     """OpenAPI v3 (Kubernetes flavour) -> JSON Schema.
 
-    `nullable` becomes a null type; x-kubernetes-* keys are dropped. With `closed`, objects that declare
+    `nullable` becomes a null type; `exclusiveMinimum: true` beside `minimum` becomes `exclusiveMinimum: <minimum>`
+    (likewise for the maximum); x-kubernetes-* keys are dropped. With `closed`, objects that declare
     properties reject unknown ones (the API server would silently prune them: a typo would vanish).
     """
     if isinstance(node, list):
@@ -37,6 +38,9 @@ def as_jsonschema(node: Any, *, closed: bool = False) -> Any:
     }
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if node.get(exclusive) is True:  # OpenAPI 3.0's flag -> JSON Schema's number
+            out[exclusive] = out.pop(bound)
     if (
         closed
         and "properties" in node

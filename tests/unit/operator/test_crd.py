@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import pathlib
+import re
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -355,3 +356,75 @@ def test_shm_size_is_a_quantity_of_bytes(size: Any, valid: bool, openapi_to_json
         _validate(doc, openapi_to_jsonschema)
     with contextlib.nullcontext() if valid else pytest.raises(pydantic.ValidationError, match="shmSize"):
         model.TrainingRun.model_validate(doc)
+
+
+# ------------------------------------------------------------------------- bounds: the CRD, and the model again
+
+_BOUND_KEYS = ("pattern", "minLength", "maxLength", "maxItems", "maxProperties", "minimum", "maximum", "enum")
+
+
+def _bounds(node: dict[str, Any]) -> dict[str, Any]:
+    """A node's bounds, its anyOf members' included (a quantity is `int | <bounded str>` in the model)."""
+    found: dict[str, Any] = {}
+    for part in [node, *node.get("anyOf", [])]:
+        found.update({k: part[k] for k in _BOUND_KEYS if k in part})
+    return found
+
+
+def _bound_mismatches(crd: dict[str, Any], mine: dict[str, Any], defs: dict[str, Any], path: str) -> list[str]:
+    while "$ref" in mine or ("anyOf" in mine and {"type": "null"} in mine["anyOf"]):
+        if "$ref" in mine:
+            mine = defs[mine["$ref"].split("/")[-1]]
+        else:
+            rest = [m for m in mine["anyOf"] if m != {"type": "null"}]
+            mine = rest[0] if len(rest) == 1 else {"anyOf": rest}
+    problems = [
+        f"{path}: {key} {value!r} in the CRD, {_bounds(mine).get(key)!r} in the model"
+        for key, value in _bounds(crd).items()
+        if _bounds(mine).get(key) != value
+    ]
+    for name, child in crd.get("properties", {}).items():
+        # Dicts in the model: RuntimeConfig checks the trainer (validation.py), podtemplate.py a template.
+        if name not in ("trainer", "template"):
+            problems += _bound_mismatches(child, mine["properties"][name], defs, f"{path}.{name}")
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(crd.get(key), dict):  # a dict with constrained keys is patternProperties in the model's schema
+            theirs = mine[key] if key in mine else next(iter(mine.get("patternProperties", {}).values()), {})
+            problems += _bound_mismatches(crd[key], theirs, defs, path + suffix)
+    return problems
+
+
+def test_the_model_checks_every_bound_the_crd_schema_declares_on_the_spec() -> None:
+    mine = model.TrainingRunSpec.model_json_schema(by_alias=True)
+    assert _bound_mismatches(_schema()["properties"]["spec"], mine, mine.get("$defs", {}), "spec") == []
+
+
+def test_every_string_map_and_list_under_spec_is_bounded_but_in_the_pod_templates() -> None:
+    """The pod templates are KubeRay's PodTemplateSpec schema as generated (Kubernetes bounds none of its strings in
+    the schema; the Pod validation does when the pods are made)."""
+    unbounded = []
+    for path, node in _walk(_schema()["properties"]["spec"], "spec"):
+        if ".template" in path:
+            continue
+        kind = node.get("type")
+        if kind == "string" and "maxLength" not in node and "enum" not in node:
+            unbounded.append(f"{path}: a string without maxLength")
+        if node.get("x-kubernetes-int-or-string") and "maxLength" not in node:
+            unbounded.append(f"{path}: an int-or-string without maxLength")
+        if kind == "object" and isinstance(node.get("additionalProperties"), dict) and "maxProperties" not in node:
+            unbounded.append(f"{path}: a map without maxProperties")
+        if kind == "array" and "maxItems" not in node:
+            unbounded.append(f"{path}: a list without maxItems")
+    assert unbounded == []
+
+
+def test_quantities_use_kubernetes_int_or_string_and_quantity_pattern() -> None:
+    head = _schema()["properties"]["spec"]["properties"]["ray"]["properties"]["head"]["properties"]
+    quantity = head["resources"]["properties"]["requests"]["additionalProperties"]
+    assert quantity["x-kubernetes-int-or-string"] is True
+    assert quantity["anyOf"] == [{"type": "integer"}, {"type": "string"}]
+    assert quantity["pattern"] == model.QUANTITY_PATTERN
+    accepted = ["2", "500m", "4Gi", "1e3", "0.5", "+1", ".5", "1E-3", "16Ki"]
+    refused = ["lots", "1GB", "2 Gi", "1.5.2", "0x10", "1e", "Gi", ""]
+    assert all(re.fullmatch(model.QUANTITY_PATTERN, q) for q in accepted)
+    assert not any(re.fullmatch(model.QUANTITY_PATTERN, q) for q in refused)

@@ -1,4 +1,5 @@
-"""manifests/ and the Helm chart never disagree; the chart's RBAC explains itself.
+"""manifests/ and the Helm chart never disagree, nor the CRD's spec.trainer and the runtime's config model; the
+chart's RBAC explains itself.
 
 The rendered-chart drift (manifests/deploy/ vs `helm template`) needs helm and is checked in
 tests/integration/test_operator_chart.py.
@@ -11,8 +12,20 @@ import re
 
 import yaml
 
+from trainingrun_operator import crdschema
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "trainingrun"
+
+
+def test_the_crds_spec_trainer_is_what_the_sync_script_generates_from_the_runtimes_config_model() -> None:
+    source = (REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml").read_text()
+    assert "# BEGIN GENERATED trainer" in source and "# END GENERATED trainer" in source
+    crd = yaml.safe_load(source)
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["trainer"] == crdschema.trainer_schema(), (
+        "drift: run `.venv/bin/python operator/sync_manifests.py`"
+    )
 
 
 def test_chart_crd_is_a_byte_identical_copy_of_the_manifest_crd() -> None:

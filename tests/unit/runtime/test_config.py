@@ -57,6 +57,15 @@ def test_heads_must_divide_the_width() -> None:
         config.ModelConfig(d_model=64, n_heads=5)
 
 
+@pytest.mark.parametrize(("betas", "position"), [((1.0, 0.9), 0), ((0.9, -0.1), 1), ((0.9, 1.5), 1)])
+def test_adam_betas_outside_zero_to_one_are_refused_naming_the_position(
+    betas: tuple[float, float], position: int
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        config.GRPOConfig.model_validate({"adamBetas": betas})
+    assert [e["loc"] for e in caught.value.errors()] == [("adamBetas", position)]
+
+
 @pytest.mark.parametrize(
     "change",
     [
