@@ -67,7 +67,9 @@ def test_a_pinned_step_that_does_not_exist_is_refused_with_exit_code_3(killed_af
     root = killed_after_step_4
     proc = launcher.start(run=RUN, attempt=2, root=root, config=CONFIG, resume="3")
     assert proc.wait(300) == 3
-    assert proc.output().strip().splitlines()[-1].startswith("RestoreFailed: CheckpointCorrupt")
+    last = proc.output().strip().splitlines()[-1]
+    assert last.startswith("RestoreFailed: NoRecordedCheckpointVerifies") and "step_3" in last, last
+    assert "does not exist" in last
 
 
 def copy_with_a_flipped_byte(root: Path, into: Path, step: int) -> Path:
