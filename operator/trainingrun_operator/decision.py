@@ -246,7 +246,8 @@ class _Pass:
             return
         if report.attempt != attempt.number:
             return  # a stale attempt's report: never recorded (fencing)
-        if attempt.end is not None and attempt.reason != "Succeeded":
+        late_notice = self._late_notice_checkpoint(report, attempt)
+        if attempt.end is not None and attempt.reason != "Succeeded" and not late_notice:
             # The attempt ended (preempted, failed, suspended) and the next one may already be pinned to a step:
             # its driver may still be alive (a partitioned node), so nothing it says is recorded any more. A
             # succeeded attempt's final report may be read after the RayJob's completion; that one counts.
@@ -273,6 +274,35 @@ class _Pass:
                 f"attempt {ckpt.attempt} saved step {ckpt.step} on the head pod's notice (its preStop hook) and "
                 "stops; the next attempt resumes from it",
             )
+        if late_notice:
+            self._recount_steps_lost(attempt, report.step, ckpt.step)
+
+    def _late_notice_checkpoint(self, report: model.RuntimeReport, attempt: model.AttemptRecord) -> bool:
+        """Whether the report is the checkpoint the ended attempt's driver saved on the head's notice, read after
+        the attempt ended (the head went as soon as the driver had saved and reported, before a pass saw the
+        report) and before the next attempt was pinned. The driver stopped after that save, so recording it is
+        safe; the next attempt then resumes from it."""
+        ckpt = report.last_checkpoint
+        return (
+            ckpt is not None
+            and ckpt.reason == PREEMPTION_NOTICE
+            and ckpt.attempt == attempt.number
+            and attempt.end is not None
+            and attempt.reason == FailureClass.PREEMPTED.value
+            and self.phase is Phase.RESTARTING
+        )
+
+    def _recount_steps_lost(self, attempt: model.AttemptRecord, reached: int | None, saved: int) -> None:
+        """The ended attempt's stepsLost, counted again from the checkpoint recorded after it ended."""
+        lost = max(0, (reached or saved) - saved)
+        if attempt.steps_lost is not None and attempt.steps_lost <= lost:
+            return
+        ended = attempt.model_copy(update={"steps_lost": lost})
+        history = [
+            h.model_copy(update={"steps_lost": lost}) if h.number == attempt.number else h
+            for h in self.status.attempts or []
+        ]
+        self.update(attempt=ended, attempts=history)
 
     def restore_error(self) -> str | None:
         report, attempt = self.status.runtime, self.attempt

@@ -353,6 +353,26 @@ def preempted_after_checkpoints(store: Store, *steps: int) -> None:
     store.decide(preempted(1))
 
 
+def test_a_notice_checkpoint_read_after_the_attempt_ended_is_recorded_and_the_next_attempt_resumes_from_it() -> None:
+    store = Store()
+    preempted_after_checkpoints(store, 10)
+    assert store.phase == "Restarting"
+    store.report(1, 13)
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "Periodic"
+    store.decide(deleting(1))
+    assert store.status["checkpoints"]["latest"]["step"] == 10, "an ended attempt's periodic save is not recorded"
+    store.report(1, 14)
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "PreemptionNotice"
+    store.decide(deleting(1))
+    assert store.status["checkpoints"]["latest"]["step"] == 14
+    assert store.status["attempt"]["stepsLost"] == 0 and store.status["attempts"][0]["stepsLost"] == 0
+    assert creates(store.decide(gone(1))) == [CreateAttempt(2, "tiny-a2", 14, (10,))]
+    store.report(1, 15)
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "PreemptionNotice"
+    store.decide(running(2))
+    assert store.status["checkpoints"]["latest"]["step"] == 14, "once attempt 2 exists, attempt 1 says nothing"
+
+
 def test_the_next_attempt_is_told_the_older_recorded_steps_newest_first_and_never_the_bad_ones() -> None:
     store = Store()
     preempted_after_checkpoints(store, 10, 20, 30, 40)
