@@ -266,7 +266,7 @@ def durable_snapshot(client: ConnectOnlyDataPlane, target: Path) -> float:
     written = time.perf_counter()
     digests = files.digests()
     hashed = time.perf_counter()
-    commit.sync_and_hash(target, {rel: manifest.FileEntry(size=files.sizes[rel], sha256=digests[rel])
+    commit.sync_and_hash(target, {rel: manifest.FileEntry(size=files.sizes[rel], digest=digests[rel])
                                   for rel in digests})  # fmt: skip
     done = time.perf_counter()
     PARTS.setdefault("save_write_s", []).append(written - started)

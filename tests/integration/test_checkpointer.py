@@ -285,7 +285,7 @@ def _forge_sidecar(step: Path) -> None:
     sidecar["replay"]["digest"] = digest.sha256_hex(sidecar["replay"]["groups"])
     torch.save(sidecar, step / layout.REPLAY_METADATA)
     manifest = json.loads((step / layout.MANIFEST).read_text())
-    manifest["files"][layout.REPLAY_METADATA] = dict(files.hash_file(step / layout.REPLAY_METADATA))
+    manifest["files"][layout.REPLAY_METADATA] = files.hash_file(step / layout.REPLAY_METADATA).to_dict()
     (step / layout.MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 

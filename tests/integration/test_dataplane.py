@@ -30,7 +30,7 @@ from trainingrun_runtime.dataplane.lifecycle import (
 from trainingrun_runtime.dataplane.replay_index import GroupRows
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError, RestoreRefused
-from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage import files, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -324,8 +324,8 @@ def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_file
     digests = pending.digests()
     units = sorted(rel for rel in pending.sizes if rel.startswith("simple_storage/su_"))
     assert sorted(digests) == units and len(units) == UNITS
-    for rel, sha in digests.items():
-        assert files.hash_file(tmp_path / "dp" / rel) == {"size": pending.sizes[rel], "sha256": sha}
+    for rel, digest in digests.items():
+        assert files.hash_file(tmp_path / "dp" / rel) == manifest.FileEntry(size=pending.sizes[rel], digest=digest)
     assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
     snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)
     client.clear_groups("hashed", groups_of("h", 2, 4))

@@ -3,8 +3,9 @@
 `tests/fixtures/bundle-format-1/compat/step_2` was written by main at 58dd19e (before the runtime moved into
 subpackages): bundle format 1 (a SHA-256 per file), data-plane sidecar format 2, four committed groups of rows in
 the storage units' column files, trained with `config.json` beside it. A driver of this version, given the same
-config (with a later step limit, which does not change the math), must select it, verify every checksum, restore
-TransferQueue, the replay index, the loader place and the policy from it, and train on to the new limit.
+config (with a later step limit, which does not change the math), must select it, verify every checksum (SHA-256,
+as format 1 has them), restore TransferQueue, the replay index, the loader place and the policy from it, and train
+on to the new limit, saving in format 2 (BLAKE3).
 """
 
 from __future__ import annotations
@@ -47,4 +48,5 @@ def test_a_bundle_written_before_the_runtime_moved_restores_and_trains_on(tmp_pa
     assert by_name["index_restored"]["digest"] == saved.replay_digest
     assert by_name["pumps_started"]["step"] == 2
     assert by_name["finished"]["step"] == 4
-    assert verification.verify(tmp_path / RUN / "step_4").step == 4
+    resumed = verification.verify(tmp_path / RUN / "step_4")
+    assert (resumed.step, resumed.format_version) == (4, 2)  # what this version saves: a BLAKE3 per file

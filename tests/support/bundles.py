@@ -1,14 +1,17 @@
-"""Small bundles written through the real commit, for the storage tests: known contents, a fixed clock."""
+"""Small bundles written through the real commit, for the storage tests: known contents, a fixed clock; and the
+same bundle as an earlier version wrote it (manifest format 1, a SHA-256 per file)."""
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from trainingrun_runtime.digest import sha256_hex
 from trainingrun_runtime.storage.commit import BundleWriter
-from trainingrun_runtime.storage.layout import DATA_PLANE, REPLAY_METADATA
+from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
 
 RUN = "demo"
 T0 = datetime.datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
@@ -48,3 +51,16 @@ def save(
         weights_sha256="w" * 3,
         extra={"loader": {"epoch": 0, "index": step}},
     )
+
+
+def as_format_1(step_dir: Path) -> Path:
+    """Rewrite a committed step's manifest as versions before BLAKE3 wrote it: `format_version` 1 and a SHA-256
+    per file (hashed here with hashlib, not through the code under test); returns `step_dir`."""
+    raw = json.loads((step_dir / MANIFEST).read_text())
+    raw["format_version"] = 1
+    raw["files"] = {
+        rel: {"size": entry["size"], "sha256": hashlib.sha256((step_dir / rel).read_bytes()).hexdigest()}
+        for rel, entry in raw["files"].items()
+    }
+    (step_dir / MANIFEST).write_text(json.dumps(raw, sort_keys=True, indent=2) + "\n")
+    return step_dir

@@ -188,8 +188,8 @@ class PendingCheckpoint:
         assert written is not None
         try:
             self._pending.add_hashed({
-                f"{layout.DATA_PLANE}/{rel}": manifest.FileEntry(size=written.sizes[rel], sha256=sha)
-                for rel, sha in written.digests().items()
+                f"{layout.DATA_PLANE}/{rel}": manifest.FileEntry(size=written.sizes[rel], digest=digest)
+                for rel, digest in written.digests().items()
             })  # fmt: skip
         except BaseException:
             self.abort()

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 from trainingrun_runtime.dataplane import storage_unit
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError
-from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage import checksum, files
 
 __all__ = ["LISTING", "PendingSnapshot", "check_dir", "concurrently", "load", "read_user_metadata", "write"]
 
@@ -53,7 +53,8 @@ class PendingSnapshot:
         self._digests: dict[str, str] | None = None
 
     def digests(self, timeout_s: float = 300.0) -> dict[str, str]:
-        """{relpath: sha256} of the storage-unit files, as their units hashed them; waits for them.
+        """{relpath: checksum} (`checksum.CURRENT`, BLAKE3) of the storage-unit files, as their units hashed them;
+        waits for them.
 
         Raises DataPlaneError if a unit reports a failure, reports another size than the file
         has, or reports nothing within `timeout_s` (a unit that died).
@@ -81,7 +82,7 @@ class PendingSnapshot:
                     f"{self.path / rel}: {self.sizes.get(rel)} bytes on disk, "
                     f"its storage unit hashed {entry.get('size')}"
                 )
-            found[rel] = str(entry["sha256"])
+            found[rel] = str(entry[checksum.CURRENT])
         self._digests = found
         return dict(found)
 

@@ -3,7 +3,7 @@
     column_file.write (inside the barrier's window)        PendingWrite (a background thread, after the window)
     ─────────────────────────────────────────────────       ──────────────────────────────────────────────────────
     plan the layout from the rows' own memory               copy the pieces into a staging buffer (4 MiB, reused,
-    create the file at its final size (ftruncate)  ─────►     page-aligned) ─► SHA-256 it there ─► queue it
+    create the file at its final size (ftruncate)  ─────►     page-aligned) ─► BLAKE3 it there ─► queue it
     return PendingWrite                                      writer thread: pwrite at its offset with O_DIRECT
                                                              (the unaligned tail buffered; everything buffered
                                                              where the filesystem refuses O_DIRECT)
@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import mmap
 import os
 import queue
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import torch
 
+from trainingrun_runtime.storage import checksum
 from trainingrun_runtime.storage.buffer_pool import BufferPool
 
 __all__ = ["PendingWrite", "Written"]
@@ -39,10 +39,11 @@ __all__ = ["PendingWrite", "Written"]
 
 @dataclasses.dataclass(frozen=True)
 class Written:
-    """A file a `PendingWrite` finished: its size and the SHA-256 of its bytes (hashed as they were staged)."""
+    """A file a `PendingWrite` finished: its size and the checksum of its bytes (hashed as they were staged)."""
 
     size: int
-    sha256: str
+    digest: str
+    """`checksum.CURRENT` (BLAKE3) of the file's bytes, hex."""
     timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Seconds per phase: `plan` (in the window), `write` (the background thread, all of it), `hash` (of that)."""
 
@@ -55,7 +56,7 @@ class PendingWrite:
         self.path = path
         self.size = size
         self.timings = timings
-        self._digest = hashlib.sha256()
+        self._digest = checksum.new(checksum.CURRENT)
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(fd, chunks, keep), name="column-file-write", daemon=True
@@ -74,13 +75,13 @@ class PendingWrite:
             self.timings["write"] = time.perf_counter() - started
 
     def result(self, timeout: float | None = None) -> Written:
-        """Wait for the bytes and the digest; the file's size and SHA-256."""
+        """Wait for the bytes and the digest; the file's size and checksum."""
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"{self.path}: writing did not finish within {timeout} s")
         if self._error is not None:
             raise self._error
-        return Written(size=self.size, sha256=self._digest.hexdigest(), timings=dict(self.timings))
+        return Written(size=self.size, digest=self._digest.hexdigest(), timings=dict(self.timings))
 
 
 _STAGE_BYTES: Final = 4 << 20
@@ -101,7 +102,7 @@ _POOL: BufferPool[mmap.mmap] = BufferPool(
 already mapped (see `buffer_pool`)."""
 
 
-def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: Any) -> float:
+def _stage_out(path: str, fd: int, size: int, chunks: list[memoryview | bytes], digest: checksum.Hasher) -> float:
     """Copy `chunks` through staging buffers, hash each, write each at its offset; seconds spent hashing."""
     direct = _DirectFile(path, fd)
     writer = _Writer(direct)
@@ -159,7 +160,7 @@ class _Writer:
 class _Stager:
     """Fills staging buffers from the pieces in order, hashes each full one and hands it to the writer."""
 
-    def __init__(self, digest: Any, writer: _Writer) -> None:
+    def __init__(self, digest: checksum.Hasher, writer: _Writer) -> None:
         self._digest = digest
         self._writer = writer
         self.offset = 0

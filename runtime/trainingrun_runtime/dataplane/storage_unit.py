@@ -8,7 +8,7 @@ N at a time is about N times the raw data.
 The fix, in one place: storage units started after `install()` keep a `CompactStorageUnitData`, whose
 `save_checkpoint` writes a `column_file` (each row's own bytes once): inside the barrier's window the unit only
 plans the file and creates it, and the bytes are written and hashed behind it (`staging`). The unit then leaves
-`{size, sha256}` beside the file in a digest file (`DIGEST_SUFFIX`) for `snapshot.PendingSnapshot.digests`, so
+`{size, blake3}` beside the file in a digest file (`DIGEST_SUFFIX`) for `snapshot.PendingSnapshot.digests`, so
 the bundle never reads the file back to hash it. `load_checkpoint` maps the file and hands out each row as a
 view (`column_file.read`); a file in the old pickle format is refused, naming the file.
 
@@ -42,6 +42,7 @@ from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: i
 
 from trainingrun_runtime.dataplane import column_file, staging
 from trainingrun_runtime.errors import DataPlaneError
+from trainingrun_runtime.storage import checksum
 
 __all__ = [
     "DIGEST_SUFFIX",
@@ -85,7 +86,7 @@ def check_version() -> None:
 
 
 DIGEST_SUFFIX: Final = ".digest"
-"""`<unit file><DIGEST_SUFFIX>`: JSON {size, sha256} (or {error}) of a unit file, computed by the unit from memory.
+"""`<unit file><DIGEST_SUFFIX>`: JSON {size, blake3} (or {error}) of a unit file, computed by the unit from memory.
 
 TransferQueue's save reply carries no payload, and the bytes are written and hashed after the reply
 (after the barrier's window), so the unit publishes the digest beside the file (written to a temporary
@@ -122,7 +123,7 @@ class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[mi
 def _publish_digest(path: str, pending: staging.PendingWrite) -> None:
     try:
         written = pending.result()
-        body = {"size": written.size, "sha256": written.sha256}
+        body = {"size": written.size, checksum.CURRENT: written.digest}
     except Exception as e:  # reported to the waiter, which raises it
         body = {"error": f"{type(e).__name__}: {e}"}
     tmp = f"{path}{DIGEST_SUFFIX}.tmp"

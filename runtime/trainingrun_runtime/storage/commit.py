@@ -8,7 +8,7 @@
 
 The commit, with `on_stage(name)` called after each step so crash tests can kill the writer between any two:
 
-    files_synced      every file under tmp_step_N fsynced and hashed (size, sha256); every directory fsynced
+    files_synced      every file under tmp_step_N fsynced and hashed (size, blake3); every directory fsynced
     manifest_written  tmp_step_N/manifest.json written, fsynced, tmp dir fsynced
     old_moved         re-save only: an existing step_N renamed to old_step_N, parent fsynced
     renamed           tmp_step_N renamed to step_N
@@ -132,14 +132,14 @@ class PendingBundle:
         self._hashed: dict[str, FileEntry] = {}
 
     def add_hashed(self, entries: Mapping[str, FileEntry]) -> None:
-        """Take the size and SHA-256 of files whose writer hashed them (relpaths under `.path`).
+        """Take the size and BLAKE3 of files whose writer hashed them (relpaths under `.path`).
 
         `commit` fsyncs them like every file but does not read them back to hash them; it checks
         that each is still of the recorded size.
         """
         for rel, entry in entries.items():
             try:
-                self._hashed[rel] = check_entry(rel, dict(entry), str(self.path))
+                self._hashed[rel] = check_entry(rel, entry.to_dict(), str(self.path))
             except CheckpointCorrupt as e:
                 raise ValueError(str(e)) from None
 
@@ -208,7 +208,7 @@ class PendingBundle:
         if old is not None:
             files.remove_tree(old)
         w.stage("old_removed")
-        total = sum(e["size"] for e in entries.values())
+        total = sum(e.size for e in entries.values())
         log.info("checkpoint committed: %s (%d files, %d bytes)", self.final_path, len(entries), total)
         return self.final_path
 
@@ -275,7 +275,7 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
         raise CheckpointCorrupt(f"{top / missing[0]}: hashed by its writer but no longer present")
     for rel, entry in hashed.items():
         size = (top / rel).stat().st_size
-        if size != entry["size"]:
-            raise CheckpointCorrupt(f"{top / rel}: {size} bytes, its writer hashed {entry['size']}")
+        if size != entry.size:
+            raise CheckpointCorrupt(f"{top / rel}: {size} bytes, its writer hashed {entry.size}")
         entries[rel] = entry
     return dict(sorted(entries.items()))

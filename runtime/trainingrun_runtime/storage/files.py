@@ -7,7 +7,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Final
 
 from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import checksum
 from trainingrun_runtime.storage.buffer_pool import BufferPool
 from trainingrun_runtime.storage.manifest import FileEntry
 
@@ -85,15 +85,16 @@ def replace_synced(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def hash_file(path: str | os.PathLike[str]) -> FileEntry:
-    """Size and SHA-256 of a file, read in chunks of `CHUNK` bytes into a reused buffer."""
-    h = hashlib.sha256()
+def hash_file(path: str | os.PathLike[str], algorithm: str = checksum.CURRENT) -> FileEntry:
+    """Size and checksum (`algorithm`, default the one this version writes) of a file, read in chunks of `CHUNK`
+    bytes into a reused buffer."""
+    h = checksum.new(algorithm)
     size = 0
     with open(path, "rb", buffering=0) as f, _CHUNKS.lend() as buf, memoryview(buf) as view:
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
-    return FileEntry(size=size, sha256=h.hexdigest())
+    return FileEntry(size=size, digest=h.hexdigest(), algorithm=algorithm)
 
 
 def walk(top: Path) -> tuple[list[str], list[Path], list[str]]:

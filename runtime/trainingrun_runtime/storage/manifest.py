@@ -1,36 +1,45 @@
 """`step_N/manifest.json`: what a checkpoint holds, written last; a step directory is a checkpoint only if it verifies.
 
-    {"format_version": 1, "run": str, "step": int, "attempt": int, "config_hash": str, "created": RFC 3339,
-     "files": {relpath: {"size": int, "sha256": hex}},          every file of the bundle but the manifest
+    {"format_version": 2, "run": str, "step": int, "attempt": int, "config_hash": str, "created": RFC 3339,
+     "files": {relpath: {"size": int, "blake3": hex}},          every file of the bundle but the manifest
      "replay_digest": str, "replay_mode": "authoritative", "weights_sha256": hex | null, "extra": {...}}
 
-Written sorted and indented, NaN-free; read back strictly: unknown keys, a missing key, a wrong type, an unsafe
-path or another format version are `CheckpointCorrupt` naming the file and the key. Standard library only.
+Format 1 is the same with `{"size": int, "sha256": hex}` per file; this version writes format 2 and reads both
+(`checksum.ALGORITHMS`). `weights_sha256` is SHA-256 in both. Written sorted and indented, NaN-free; read back
+strictly: unknown keys, a missing key, a wrong type, an unsafe path, a checksum of another algorithm than the
+format's, or an unknown format version are `CheckpointCorrupt` naming the file and the key. Standard library
+and `checksum` only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping
-from typing import Any, Final, TypedDict
+from typing import Any, Final
 
 from trainingrun_runtime.digest import canonical_json
 from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import checksum
 from trainingrun_runtime.storage.layout import MANIFEST
 
 __all__ = ["FORMAT_VERSION", "FileEntry", "Manifest", "check_entry", "check_relpath"]
 
-FORMAT_VERSION: Final = 1
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+FORMAT_VERSION: Final = 2
+"""The format this version writes; every format in `checksum.ALGORITHMS` is read."""
 
 
-class FileEntry(TypedDict):
-    """One file of a bundle, as written in the manifest."""
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """One file of a bundle: its size and its checksum, hex, under `algorithm` (the manifest's format fixes which)."""
 
     size: int
-    sha256: str
+    digest: str
+    algorithm: str = checksum.CURRENT
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's JSON for this file: `{"size": n, "<algorithm>": hex}`."""
+        return {"size": self.size, self.algorithm: self.digest}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +54,7 @@ class Manifest:
     created: str
     """RFC 3339 UTC time of the commit."""
     files: Mapping[str, FileEntry]
-    """Every file in the bundle except manifest.json: POSIX relative path -> size and SHA-256."""
+    """Every file in the bundle except manifest.json: POSIX relative path -> size and checksum."""
     replay_digest: str
     replay_mode: str
     weights_sha256: str | None = None
@@ -60,7 +69,7 @@ class Manifest:
             "attempt": self.attempt,
             "config_hash": self.config_hash,
             "created": self.created,
-            "files": {k: {"size": v["size"], "sha256": v["sha256"]} for k, v in sorted(self.files.items())},
+            "files": {k: v.to_dict() for k, v in sorted(self.files.items())},
             "replay_digest": self.replay_digest,
             "replay_mode": self.replay_mode,
             "weights_sha256": self.weights_sha256,
@@ -91,11 +100,15 @@ class Manifest:
         if unknown:
             raise CheckpointCorrupt(f"{where}: unknown manifest keys {unknown}")
         version = _get(data, "format_version", int, where)
-        if version != FORMAT_VERSION:
+        algorithm = checksum.ALGORITHMS.get(version)
+        if algorithm is None:
             raise CheckpointCorrupt(
-                f"{where}: format_version {version} is not supported (this reader: {FORMAT_VERSION})"
+                f"{where}: format_version {version} is not supported (this reader: {sorted(checksum.ALGORITHMS)})"
             )
-        files = {rel: check_entry(rel, entry, where) for rel, entry in _get(data, "files", dict, where).items()}
+        files = {
+            rel: check_entry(rel, entry, where, algorithm=algorithm)
+            for rel, entry in _get(data, "files", dict, where).items()
+        }
         if "weights_sha256" not in data:
             raise CheckpointCorrupt(f"{where}: required key 'weights_sha256' is missing")
         weights = data["weights_sha256"]
@@ -120,15 +133,16 @@ class Manifest:
         )
 
 
-def check_entry(rel: object, entry: object, where: str) -> FileEntry:
-    """One `files` entry, checked: a safe relative path, a size >= 0 and a hex SHA-256; CheckpointCorrupt otherwise."""
+def check_entry(rel: object, entry: object, where: str, *, algorithm: str = checksum.CURRENT) -> FileEntry:
+    """One `files` entry, checked: a safe relative path, a size >= 0 and a hex checksum under `algorithm` (the
+    format's); CheckpointCorrupt otherwise."""
     check_relpath(rel, where)
-    if not isinstance(entry, dict) or set(entry) != {"size", "sha256"}:
-        raise CheckpointCorrupt(f"{where}: files[{rel!r}] must be {{size, sha256}}, got {entry!r}")
-    size, digest = entry["size"], entry["sha256"]
-    if type(size) is not int or size < 0 or not isinstance(digest, str) or not _SHA_RE.match(digest):
-        raise CheckpointCorrupt(f"{where}: files[{rel!r}] has an invalid size or sha256: {entry!r}")
-    return FileEntry(size=size, sha256=digest)
+    if not isinstance(entry, dict) or set(entry) != {"size", algorithm}:
+        raise CheckpointCorrupt(f"{where}: files[{rel!r}] must be {{size, {algorithm}}}, got {entry!r}")
+    size, digest = entry["size"], entry[algorithm]
+    if type(size) is not int or size < 0 or not checksum.is_hex_digest(digest):
+        raise CheckpointCorrupt(f"{where}: files[{rel!r}] has an invalid size or {algorithm}: {entry!r}")
+    return FileEntry(size=size, digest=digest, algorithm=algorithm)
 
 
 def check_relpath(rel: object, where: str) -> None:

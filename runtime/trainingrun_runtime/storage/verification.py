@@ -34,22 +34,25 @@ def verify(step_dir: str | os.PathLike[str], *, run: str | None = None) -> Manif
     Checks: manifest.json present, valid JSON, every required key with the right type,
     supported format_version; its step equals N of `step_N` (or `old_step_N`) and its run
     equals `run` (default: the parent directory's name); every listed file present, a
-    regular file, of the listed size ("truncated" when shorter) and SHA-256; no file in
-    the bundle that the manifest does not list.
+    regular file, of the listed size ("truncated" when shorter) and checksum (BLAKE3, or
+    SHA-256 in a format 1 bundle); no file in the bundle that the manifest does not list.
     """
     path = Path(step_dir)
     manifest = _read_manifest(path, run)
-    files.check_listed(path, {rel: e["size"] for rel, e in manifest.files.items()}, listing="the manifest",
+    files.check_listed(path, {rel: e.size for rel, e in manifest.files.items()}, listing="the manifest",
                        unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
     with concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-verify") as pool:
-        hashes = {rel: pool.submit(files.hash_file, path / rel) for rel in sorted(manifest.files)}
+        hashes = {
+            rel: pool.submit(files.hash_file, path / rel, want.algorithm)
+            for rel, want in sorted(manifest.files.items())
+        }
         for rel, fut in hashes.items():
             got, want = fut.result(), manifest.files[rel]
-            if got["size"] != want["size"]:
-                raise CheckpointCorrupt(f"{path / rel}: changed while verifying ({got['size']} bytes)")
-            if got["sha256"] != want["sha256"]:
+            if got.size != want.size:
+                raise CheckpointCorrupt(f"{path / rel}: changed while verifying ({got.size} bytes)")
+            if got.digest != want.digest:
                 raise CheckpointCorrupt(
-                    f"{path / rel}: checksum mismatch (sha256 {got['sha256']}, manifest says {want['sha256']})"
+                    f"{path / rel}: checksum mismatch ({want.algorithm} {got.digest}, manifest says {want.digest})"
                 )
     return manifest
 
@@ -58,7 +61,7 @@ def looks_valid(step_dir: Path, run: str) -> bool:
     """The cheap check (no checksums): the manifest is valid and the files are exactly the listed ones and sizes."""
     try:
         manifest = _read_manifest(step_dir, run)
-        files.check_listed(step_dir, {rel: e["size"] for rel, e in manifest.files.items()}, listing="the manifest",
+        files.check_listed(step_dir, {rel: e.size for rel, e in manifest.files.items()}, listing="the manifest",
                            unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
     except (OSError, CheckpointCorrupt):
         return False

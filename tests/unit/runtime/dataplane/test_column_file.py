@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 
@@ -24,9 +24,9 @@ def test_rows_round_trip_with_their_dtypes_shapes_and_indexes(tmp_path: Path) ->
     assert written.size == (tmp_path / "su").stat().st_size
 
 
-def test_the_digest_computed_from_memory_is_the_files_sha256(tmp_path: Path) -> None:
+def test_the_digest_computed_from_memory_is_the_files_blake3(tmp_path: Path) -> None:
     written = column_file.write(tmp_path / "su", unit_state()).result()
-    assert written.sha256 == hashlib.sha256((tmp_path / "su").read_bytes()).hexdigest()
+    assert written.digest == blake3.blake3((tmp_path / "su").read_bytes()).hexdigest()
 
 
 def test_the_file_holds_each_rows_own_bytes_once_not_the_put_buffer(tmp_path: Path) -> None:

@@ -3,20 +3,22 @@ saves; what begin cleans."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import blake3
 import pytest
 
 from support.bundles import RUN, contents, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
-from trainingrun_runtime.storage import commit, files
+from trainingrun_runtime.storage import commit
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
 from trainingrun_runtime.storage.verification import discover, verify
 
 
-def test_commit_lists_every_file_with_size_and_sha256_and_renames(tmp_path: Path) -> None:
+def test_commit_lists_every_file_with_size_and_blake3_in_format_2_and_renames(tmp_path: Path) -> None:
     path = save(tmp_path, 4)
     assert path == tmp_path / RUN / "step_4"
     assert not (tmp_path / RUN / "tmp_step_4").exists()
@@ -24,8 +26,13 @@ def test_commit_lists_every_file_with_size_and_sha256_and_renames(tmp_path: Path
     written = contents(4)
     assert set(m.files) == set(written)
     for rel, data in written.items():
-        assert m.files[rel]["size"] == len(data)
-    assert m.files[REPLAY_METADATA]["sha256"] == files.hash_file(path / REPLAY_METADATA)["sha256"]
+        assert m.files[rel].size == len(data)
+    assert m.format_version == 2
+    assert m.files[REPLAY_METADATA].digest == blake3.blake3((path / REPLAY_METADATA).read_bytes()).hexdigest()
+    assert json.loads((path / MANIFEST).read_text())["files"][REPLAY_METADATA] == {
+        "size": len(written[REPLAY_METADATA]),
+        "blake3": m.files[REPLAY_METADATA].digest,
+    }
     assert (m.run, m.step, m.attempt, m.replay_mode) == (RUN, 4, 1, "authoritative")
     assert m.created == "2025-01-02T03:04:05.678Z"
     assert m.extra == {"loader": {"epoch": 0, "index": 4}}

@@ -1,5 +1,6 @@
 """Verification and discovery: only listed, checksummed files are handed out; a corrupt step is refused naming the
-file and the problem, and discovery falls back to the previous one."""
+file and the problem, and discovery falls back to the previous one. Bundles of format 1 (a SHA-256 per file,
+written before BLAKE3) verify and are refused alike, the one an earlier version wrote included."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.bundles import RUN, save
+from support.bundles import RUN, as_format_1, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
 from trainingrun_runtime.storage import verification
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
@@ -147,20 +148,57 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.parametrize("fmt", [2, 1], ids=["format-2", "format-1"])
 @pytest.mark.parametrize("corrupt", list(CORRUPTIONS.values()), ids=list(CORRUPTIONS))
 def test_a_corrupt_checkpoint_is_refused_naming_file_and_problem_and_discovery_falls_back(
-    tmp_path: Path, corrupt: Callable[[Path], str]
+    tmp_path: Path, corrupt: Callable[[Path], str], fmt: int
 ) -> None:
-    save(tmp_path, 1)
-    newest = save(tmp_path, 2)
+    older, newest = save(tmp_path, 1), save(tmp_path, 2)
+    if fmt == 1:
+        as_format_1(older), as_format_1(newest)
     expected = corrupt(newest)
     with pytest.raises(CheckpointCorrupt) as info:
         open_verified(newest)
     assert str(info.value).startswith(expected), str(info.value)
     d = discover(tmp_path, RUN)
     assert d.chosen is not None and d.chosen.manifest.step == 1
-    assert d.chosen.path == tmp_path / RUN / "step_1"
+    assert d.chosen.path == tmp_path / RUN / "step_1" and d.chosen.manifest.format_version == fmt
     assert d.skipped == [(newest, str(info.value))]
+
+
+def test_a_format_1_bundle_verifies_against_its_sha256_per_file(tmp_path: Path) -> None:
+    path = as_format_1(save(tmp_path, 3))
+    m = verify(path)
+    assert m.format_version == 1
+    assert {e.algorithm for e in m.files.values()} == {"sha256"}
+    assert open_verified(path).replay_metadata == path / REPLAY_METADATA
+
+
+def test_a_flipped_byte_in_a_format_1_bundle_is_a_sha256_mismatch(tmp_path: Path) -> None:
+    path = as_format_1(save(tmp_path, 3))
+    expected = _flip_byte(path)
+    with pytest.raises(CheckpointCorrupt, match=r"checksum mismatch \(sha256 [0-9a-f]{64}, manifest says") as info:
+        verify(path)
+    assert str(info.value).startswith(expected)
+
+
+def test_the_format_1_bundle_an_earlier_version_wrote_verifies(tmp_path: Path) -> None:
+    """`tests/fixtures/bundle-format-1` (written by main at 58dd19e; `test_restore_compat` restores and trains on
+    it): every SHA-256 checks out, without Ray."""
+    fixture = Path(__file__).resolve().parents[3] / "fixtures" / "bundle-format-1" / "compat" / "step_2"
+    m = verify(fixture)
+    assert (m.format_version, m.run, m.step) == (1, "compat", 2)
+    assert len(m.files) > 5 and {e.algorithm for e in m.files.values()} == {"sha256"}
+
+
+def test_discovery_over_a_run_upgraded_mid_way_falls_back_from_format_2_to_format_1(tmp_path: Path) -> None:
+    as_format_1(save(tmp_path, 1))  # written before the upgrade
+    newest = save(tmp_path, 2)
+    _flip_byte(newest)
+    d = discover(tmp_path, RUN)
+    assert d.chosen is not None and (d.chosen.manifest.step, d.chosen.manifest.format_version) == (1, 1)
+    assert [p for p, _ in d.skipped] == [newest]
+    assert verify(save(tmp_path, 3)).format_version == 2  # and the next save is format 2 again
 
 
 def test_a_leftover_tmp_step_is_never_a_checkpoint_and_discovery_says_why(tmp_path: Path) -> None:
