@@ -2,7 +2,7 @@
 
 One Ray cluster for the module; TransferQueue is restarted only where a test needs a pristine one
 (`Planes` keeps the current one and says why it restarts). Tests run in file order to keep restarts
-to three, but each also works alone.
+few, but each also works alone.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import ray
 import torch
 import transfer_queue
 
-from trainingrun_runtime.dataplane import snapshot, storage_unit
+from trainingrun_runtime.dataplane import row_client, snapshot, storage_unit
 from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
     ConnectOnlyDataPlane,
@@ -329,6 +329,103 @@ def test_the_storage_units_hash_their_files_from_memory_and_leave_no_digest_file
     assert not [p for p in (tmp_path / "dp").rglob("*.digest*")]
     snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)
     client.clear_groups("hashed", groups_of("h", 2, 4))
+
+
+def _plain(value: Any) -> Any:
+    """A state unpickled from a controller file as plain comparable values (objects as their attributes)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, value.tolist())
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__"):
+        return (type(value).__qualname__, _plain(vars(value)))
+    return value
+
+
+def test_the_controller_pickles_its_state_without_deep_copies_into_the_stock_file(
+    planes: Planes, tmp_path: Path
+) -> None:
+    # Run inside the controller actor; nested, so Ray ships them by value (workers cannot import this module).
+    def stock_save(controller: Any, path: str) -> None:  # 0.1.11's own save: deep copies, then the pickle
+        from transfer_queue.controller import TransferQueueController
+
+        TransferQueueController.__ray_actor_class__.save_checkpoint(controller, path)
+
+    def is_ours(controller: Any) -> bool:
+        from trainingrun_runtime.dataplane.tq_controller import DirectPickleController
+
+        return isinstance(controller, DirectPickleController)
+
+    _, client = planes.live()
+    client.put_groups("ctl", groups_of("c", 3, 2), rows_for(groups_of("c", 3, 2)))
+    controller = row_client.controller()
+    assert ray.get(controller.__ray_call__.remote(is_ours))
+    client.snapshot(tmp_path / "ours", {"step": 1}).digests()
+    ray.get(controller.__ray_call__.remote(stock_save, str(tmp_path / "stock.pkl")))
+    ours = pickle.loads((tmp_path / "ours" / "controller_state.pkl").read_bytes())
+    stock = pickle.loads((tmp_path / "stock.pkl").read_bytes())
+    assert "ctl" in ours["partitions"] and len(ours["index_manager"]["allocated_indexes"]) >= 6
+    assert _plain(ours) == _plain(stock)
+    client.clear_groups("ctl", groups_of("c", 3, 2))
+
+
+def test_a_controller_save_that_cannot_write_names_the_controller_and_the_path(planes: Planes, tmp_path: Path) -> None:
+    def save(controller: Any, path: str) -> None:  # inside the controller actor
+        controller.save_checkpoint(path)
+
+    planes.live()
+    missing = tmp_path / "no-such-dir" / "controller_state.pkl"
+    with pytest.raises(RuntimeError, match=rf"\]: save checkpoint failed: .*{re.escape(str(missing))}"):
+        ray.get(row_client.controller().__ray_call__.remote(save, str(missing)))
+    assert not missing.parent.exists()
+
+
+def test_a_controller_state_saved_without_deep_copies_restores_the_same_state_rows_and_tags(
+    planes: Planes, tmp_path: Path
+) -> None:
+    """TransferQueue's own load reads what `DirectPickleController` saved, into a fresh TransferQueue: the same
+    controller state attribute by attribute (every partition, freed indexes included), the
+    same rows and tags, and the index manager goes on where it was (a put after the restore overwrites nothing)."""
+
+    # Run inside the controller actor; nested, so Ray ships them by value.
+    def state(controller: Any) -> Any:  # read from the live controller, not through the code under test
+        return {
+            "controller_id": controller.controller_id,
+            "partitions": controller.partitions,
+            "index_manager": vars(controller.index_manager),
+            "sampler": controller.sampler.save_checkpoint(),
+        }
+
+    _, client = planes.live()
+    groups = groups_of("m", 3, 4)
+    client.put_groups("meta", groups, rows_for(groups, seed=3), tags=[{"prompt": i // 4} for i in range(12)])
+    client.update_fields("meta", list(groups[1].sample_ids), {"advantage": torch.linspace(-1, 1, 4)})
+    client.clear_groups("meta", [groups[0]])  # its global indexes go to the reusable list
+    ids = [sid for g in groups[1:] for sid in g.sample_ids]
+    rows_before, tags_before = client.read_rows("meta", ids), tags_of(client, "meta", ids)
+    inventory_before = client.inventory("meta")
+    saved = _plain(ray.get(row_client.controller().__ray_call__.remote(state)))
+    assert saved["index_manager"]["reusable_indexes"] and "meta" in saved["partitions"]
+    snapshot_now(client, tmp_path / "dp", {"step": 1})
+
+    boot = planes.restart()
+    assert _plain(ray.get(row_client.controller().__ray_call__.remote(state)))["partitions"] == {}
+    token, _ = boot.load_checkpoint(tmp_path / "dp")
+    assert _plain(ray.get(row_client.controller().__ray_call__.remote(state))) == saved
+    restored = ConnectOnlyDataPlane.connect(token)
+    try:
+        assert restored.inventory("meta") == inventory_before
+        assert tags_of(restored, "meta", ids) == tags_before
+        assert _plain(restored.read_rows("meta", ids)) == _plain(rows_before)
+        later = groups_of("n", 2, 4)
+        restored.put_groups("meta", later, rows_for(later, seed=4))
+        assert _plain(restored.read_rows("meta", ids)) == _plain(rows_before)
+        later_ids = [sid for g in later for sid in g.sample_ids]
+        assert [t["tr_group"] for t in tags_of(restored, "meta", later_ids)] == ["n0"] * 4 + ["n1"] * 4
+    finally:
+        restored.close()
 
 
 def test_a_snapshot_in_the_old_format_is_refused_naming_the_file_and_the_fix(planes: Planes, tmp_path: Path) -> None:

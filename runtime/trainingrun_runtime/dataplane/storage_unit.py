@@ -14,7 +14,8 @@ view (`column_file.read`); a file in the old pickle format is refused, naming th
 
 Who calls it: `lifecycle.BootstrapDataPlane.start()` calls `install()` right before `tq.init`, which makes
 TransferQueue's SimpleStorage bootstrap create `CompactSimpleStorageUnit` actors (same names, same config)
-instead of the stock ones. The actor class lives in this module, so every storage-unit process imports it.
+instead of the stock ones, and `tq.init` create a `tq_controller.DirectPickleController` (the controller's save
+without deep copies). The actor class lives in this module, so every storage-unit process imports it.
 
 What it relies on (checked by `check_version()`, pinned to 0.1.11): the `StorageUnitData` checkpoint state
 layout (`storage_unit_id`, `storage_unit_size`, `field_data`, `active_keys`), the attribute
@@ -40,7 +41,7 @@ from transfer_queue import interface as tq_interface
 from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
-from trainingrun_runtime.dataplane import column_file, staging
+from trainingrun_runtime.dataplane import column_file, staging, tq_controller
 from trainingrun_runtime.errors import DataPlaneError
 from trainingrun_runtime.storage import checksum
 
@@ -148,22 +149,24 @@ class CompactSimpleStorageUnit(simple_storage.SimpleStorageUnit.__ray_actor_clas
 
 
 _COMPACT_UNIT: Any = None
+_CONTROLLER: Any = None
 _SPREAD_UNITS = simple_storage_bootstrap.get_node_round_robin_scheduling_strategies
-_CONTROLLER = tq_interface.TransferQueueController
 
 
 def install(node_id: str | None = None) -> None:
-    """Make TransferQueue's bootstrap start `CompactSimpleStorageUnit`s, on `node_id` if given; call before `tq.init`.
+    """Make TransferQueue's bootstrap start `CompactSimpleStorageUnit`s and a `DirectPickleController`, on `node_id`
+    if given; call before `tq.init`.
 
     With `node_id` (the head: the driver's node), TransferQueue's controller and every storage unit are created
     there with hard node affinity, so no worker's loss can take run state with it; without it, TransferQueue
     places them itself (its units go round robin over every node). Affects what `tq.init` creates afterwards in
     this process; calling it again replaces the placement.
     """
-    global _COMPACT_UNIT
+    global _COMPACT_UNIT, _CONTROLLER
     check_version()
     if _COMPACT_UNIT is None:
         _COMPACT_UNIT = ray.remote(num_cpus=1)(CompactSimpleStorageUnit)
+        _CONTROLLER = ray.remote(num_cpus=1)(tq_controller.DirectPickleController)  # the stock class's options
     if simple_storage_bootstrap.SimpleStorageUnit is not _COMPACT_UNIT:
         simple_storage_bootstrap.SimpleStorageUnit = _COMPACT_UNIT
         log.info("SimpleStorage checkpoint fix installed (transferqueue %s)", PINNED_TQ_VERSION)
