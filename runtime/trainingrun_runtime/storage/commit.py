@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 COMMIT_STAGES: Final = ("files_synced", "manifest_written", "old_moved", "renamed", "parent_synced", "old_removed")
 _HASH_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
 _SYNC_WORKERS: Final = 4
+_SPLIT_HASH_BYTES: Final = 16 << 20
+"""A file at least this large, when fewer such files than hashing threads are left to hash, is hashed on several
+threads (`files.hash_file(threads=...)`): the commit's files were just written, so they are in the page cache."""
 
 
 def _utc_now() -> datetime.datetime:
@@ -257,7 +260,12 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
         raise CheckpointCorrupt(
             f"{top / layout.MANIFEST}: written by someone else; manifest.json is reserved for the writer"
         )
-    # fsync is I/O wait and hashing is CPU (hashlib releases the GIL): separate pools overlap them.
+    # Largest first, so one big file (the policy's) does not start last; split over the spare threads when
+    # fewer big files than threads are left (the data plane's big files are in `hashed`: their units hashed them).
+    todo = sorted(((top / rel).stat().st_size, rel) for rel in found if rel not in hashed)[::-1]
+    big = sum(1 for size, _ in todo if size >= _SPLIT_HASH_BYTES)
+    split = max(1, _HASH_WORKERS // big) if big else 1
+    # fsync is I/O wait and hashing is CPU (hashlib and blake3 release the GIL): separate pools overlap them.
     with (
         concurrent.futures.ThreadPoolExecutor(_SYNC_WORKERS, thread_name_prefix="bundle-fsync") as sync_pool,
         concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-hash") as hash_pool,
@@ -266,7 +274,10 @@ def sync_and_hash(top: Path, hashed: Mapping[str, FileEntry] | None = None) -> d
         # Directories too, at the same time: what orders them is that all of it is durable before the
         # manifest is written (and one journal commit can then carry many of them at once).
         syncs += [sync_pool.submit(files.fsync_dir, d) for d in dirs]
-        hashes = {rel: hash_pool.submit(files.hash_file, top / rel) for rel in found if rel not in hashed}
+        hashes = {
+            rel: hash_pool.submit(files.hash_file, top / rel, threads=split if size >= _SPLIT_HASH_BYTES else 1)
+            for size, rel in todo
+        }
         entries = {rel: fut.result() for rel, fut in hashes.items()}
         for fut in syncs:
             fut.result()

@@ -12,9 +12,10 @@ import pytest
 
 from support.bundles import RUN, contents, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
-from trainingrun_runtime.storage import commit
+from trainingrun_runtime.storage import commit, files
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
+from trainingrun_runtime.storage.manifest import FileEntry
 from trainingrun_runtime.storage.verification import discover, verify
 
 
@@ -134,3 +135,22 @@ def test_an_old_dir_next_to_its_step_is_a_leftover_and_is_skipped(tmp_path: Path
     assert (run / "old_step_2", "leftover of a re-save (step_N exists)") in d.skipped
     BundleWriter(tmp_path, RUN).begin(3).abort()
     assert sorted(os.listdir(run)) == ["step_2"]
+
+
+def test_the_commit_hashes_a_lone_big_file_on_every_thread_and_small_ones_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(commit, "_SPLIT_HASH_BYTES", 1024)  # "big" without writing 16 MiB
+    monkeypatch.setattr(commit, "_HASH_WORKERS", 2)
+    calls: list[tuple[str, int]] = []
+    real = files.hash_file
+
+    def spy(path: Path, algorithm: str = "blake3", *, threads: int = 1) -> FileEntry:
+        calls.append((path.name, threads))
+        return real(path, algorithm, threads=threads)
+
+    monkeypatch.setattr(files, "hash_file", spy)
+    big = os.urandom(5000)
+    path = save(tmp_path, 1, {"policy/model.pt": big, REPLAY_METADATA: b"index"})
+    assert calls[0] == ("model.pt", 2) and ("replay_buffer_metadata.pt", 1) in calls  # largest first
+    assert verify(path).files["policy/model.pt"] == FileEntry(size=len(big), digest=blake3.blake3(big).hexdigest())

@@ -37,3 +37,17 @@ def test_hash_file_gives_the_sha256_a_format_1_manifest_carries(tmp_path: Path) 
     entry = files.hash_file(p, "sha256")
     assert entry == FileEntry(size=len(data), digest=hashlib.sha256(data).hexdigest(), algorithm="sha256")
     assert entry.to_dict() == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@pytest.mark.parametrize("size", [0, 3, files.CHUNK * 3 + 5])
+def test_hash_file_on_several_threads_gives_the_same_blake3(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    p = tmp_path / "f"
+    p.write_bytes(data)
+    assert files.hash_file(p, threads=2) == files.hash_file(p) == FileEntry(size, blake3.blake3(data).hexdigest())
+
+
+def test_sha256_ignores_threads_and_reads_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"format 1")
+    assert files.hash_file(p, "sha256", threads=2).digest == hashlib.sha256(b"format 1").hexdigest()

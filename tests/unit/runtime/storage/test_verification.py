@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from support.bundles import RUN, as_format_1, save
+from support.bundles import RUN, as_format_1, contents, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
-from trainingrun_runtime.storage import verification
+from trainingrun_runtime.storage import files, verification
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
+from trainingrun_runtime.storage.manifest import FileEntry
 from trainingrun_runtime.storage.verification import discover, open_verified, verify
 
 
@@ -199,6 +200,26 @@ def test_discovery_over_a_run_upgraded_mid_way_falls_back_from_format_2_to_forma
     assert d.chosen is not None and (d.chosen.manifest.step, d.chosen.manifest.format_version) == (1, 1)
     assert [p for p, _ in d.skipped] == [newest]
     assert verify(save(tmp_path, 3)).format_version == 2  # and the next save is format 2 again
+
+
+def test_verification_reads_the_largest_files_first_each_in_the_manifests_algorithm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So a big policy file does not queue behind the small ones (one worker here: the order is what it takes)."""
+    path = as_format_1(save(tmp_path, 1))
+    monkeypatch.setattr(verification, "_HASH_WORKERS", 1)
+    read: list[tuple[str, str]] = []
+    real = files.hash_file
+
+    def spy(p: Path, algorithm: str = "blake3", *, threads: int = 1) -> FileEntry:
+        read.append((p.relative_to(path).as_posix(), algorithm))
+        return real(p, algorithm, threads=threads)
+
+    monkeypatch.setattr(files, "hash_file", spy)
+    verify(path)
+    by_size = sorted(contents(1), key=lambda rel: (-len(contents(1)[rel]), rel))
+    assert read == [(rel, "sha256") for rel in by_size]
+    assert by_size[0] == f"{DATA_PLANE}/storage_0.pkl" and by_size[1] == "policy/weights.pt"
 
 
 def test_a_leftover_tmp_step_is_never_a_checkpoint_and_discovery_says_why(tmp_path: Path) -> None:
