@@ -408,12 +408,21 @@ def test_a_controller_state_saved_without_deep_copies_restores_the_same_state_ro
     inventory_before = client.inventory("meta")
     saved = _plain(ray.get(row_client.controller().__ray_call__.remote(state)))
     assert saved["index_manager"]["reusable_indexes"] and "meta" in saved["partitions"]
-    snapshot_now(client, tmp_path / "dp", {"step": 1})
+    pending = client.snapshot(tmp_path / "dp", {"step": 1})
+    pending.digests()
+    assert set(pending.timings) == {"controller", "units", "files", "digest_wait"}
 
     boot = planes.restart()
     assert _plain(ray.get(row_client.controller().__ray_call__.remote(state)))["partitions"] == {}
     token, _ = boot.load_checkpoint(tmp_path / "dp")
     assert _plain(ray.get(row_client.controller().__ray_call__.remote(state))) == saved
+    phases = boot.load_timings
+    assert set(phases) == {"pristine_check", "listing_check", "units", "controller", "total"}
+    assert min(phases.values()) > 0
+    assert (
+        phases["pristine_check"] + phases["listing_check"] + max(phases["units"], phases["controller"])
+        <= phases["total"]
+    )
     restored = ConnectOnlyDataPlane.connect(token)
     try:
         assert restored.inventory("meta") == inventory_before

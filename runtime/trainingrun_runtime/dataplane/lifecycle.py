@@ -118,7 +118,7 @@ class DataPlaneToken:
 
 
 def _new_token(decision: str, source: str | None) -> DataPlaneToken:
-    """A token with a fresh secret nonce; valid once `BootstrapDataPlane._store_nonce` has stored the nonce."""
+    """A token with a fresh secret nonce; valid once `BootstrapDataPlane._send_nonce` has stored the nonce."""
     return DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
 
 
@@ -146,6 +146,10 @@ class BootstrapDataPlane(DataPlaneClient):
         self._controller = row_client.controller()  # the one this client created; a restart would be another TQ
         self._token: DataPlaneToken | None = None
         self._poisoned: str | None = None
+        self.load_timings: dict[str, float] = {}
+        """Seconds per phase of `load_checkpoint` (profiling): `pristine_check` (one round of Ray calls, the token's
+        nonce included), `listing_check` (the snapshot's listing and metadata), then, from their common start, the
+        ends of `units` and `controller` (TransferQueue's two load calls); `total`."""
 
     @classmethod
     def start(
@@ -249,18 +253,32 @@ class BootstrapDataPlane(DataPlaneClient):
         """
         self._claim_decision("load_checkpoint")
         path = Path(directory).absolute()
+        started = time.perf_counter()
+        token = _new_token("restored", str(path))
+        # The token's nonce goes out in the same round of Ray calls as the pristine check, not beside the load,
+        # where it waited for the controller's unpickling. Storing it early gives nothing away: the token is
+        # secret until this returns it, and a refused or failed restore never returns it.
+        stored = self._send_nonce(token)
         state = self.state()
+        ray.get(stored)
         if not state.pristine:
             raise RestoreRefused(f"restore from {path} refused: TransferQueue is not pristine: {state.describe()}")
+        checked = time.perf_counter()
         snapshot.check_dir(path, storage_units=self._storage_units)
         user = snapshot.read_user_metadata(path)
-        token = _new_token("restored", str(path))
+        loading = time.perf_counter()
         try:
-            # The token's nonce is stored while TransferQueue loads (nobody can connect with it before this returns).
-            snapshot.load(self._client, path, lambda: self._store_nonce(token))
+            ended = snapshot.load(self._client, path)
         except Exception as e:
             self._poisoned = f"a restore from {path} failed half-way; TransferQueue is in an unknown state"
             raise DataPlaneError(f"{self._poisoned}: {e}") from e
+        self.load_timings = {
+            "pristine_check": checked - started,
+            "listing_check": loading - checked,
+            "units": ended["units"],
+            "controller": ended["controller"],
+            "total": time.perf_counter() - started,
+        }
         return Restored(self._ready(token), user)
 
     def close(self) -> None:
@@ -294,8 +312,12 @@ class BootstrapDataPlane(DataPlaneClient):
 
     def _store_nonce(self, token: DataPlaneToken) -> None:
         """Write the token's nonce into the controller's config, where `ConnectOnlyDataPlane.connect` checks it."""
+        ray.get(self._send_nonce(token))
+
+    def _send_nonce(self, token: DataPlaneToken) -> Any:
+        """Start writing the token's nonce into the controller's config; the Ray reference to wait on."""
         self._conf[_TOKEN_KEY] = token.nonce  # TQ's merged config (an OmegaConf object, not a dict)
-        ray.get(self._controller.store_config.remote(self._conf))
+        return self._controller.store_config.remote(self._conf)
 
     def _ready(self, token: DataPlaneToken) -> DataPlaneToken:
         self._token = token

@@ -45,11 +45,15 @@ _CONTROLLER_FILE: Final = "controller_state.pkl"
 class PendingSnapshot:
     """A snapshot whose files exist at their final sizes; the storage units are still writing and hashing theirs."""
 
-    def __init__(self, path: Path, sizes: Mapping[str, int], unit_files: Sequence[str]) -> None:
+    def __init__(self, path: Path, sizes: Mapping[str, int], unit_files: Sequence[str],
+                 timings: Mapping[str, float] | None = None) -> None:  # fmt: skip
         self.path = path
         self.sizes = dict(sizes)
         """Every file but the sidecar, POSIX path relative to the snapshot directory (what the sidecar lists)."""
         self.unit_files = list(unit_files)
+        self.timings = dict(timings or {})
+        """Seconds: `controller` and `units` (TransferQueue's two checkpoint calls, from their common start to each
+        one's end), `files` (metadata, listing), then `digest_wait` once `digests` has returned (profiling)."""
         self._digests: dict[str, str] | None = None
 
     def digests(self, timeout_s: float = 300.0) -> dict[str, str]:
@@ -62,6 +66,7 @@ class PendingSnapshot:
         if self._digests is not None:
             return dict(self._digests)
         found: dict[str, str] = {}
+        started = time.perf_counter()
         deadline = time.monotonic() + timeout_s
         pause = 0.0005
         for rel in self.unit_files:
@@ -83,6 +88,7 @@ class PendingSnapshot:
                     f"its storage unit hashed {entry.get('size')}"
                 )
             found[rel] = str(entry[checksum.CURRENT])
+        self.timings["digest_wait"] = time.perf_counter() - started
         self._digests = found
         return dict(found)
 
@@ -101,10 +107,11 @@ def write(client: Any, directory: Path, metadata: Mapping[str, Any]) -> PendingS
     user = json.loads(json.dumps(dict(metadata), allow_nan=False))
     path.mkdir()
     try:
-        concurrently(
+        controller_s, units_s = concurrently(
             lambda: client.save_controller_checkpoint(str(path / _CONTROLLER_FILE)),
             lambda: client.save_storage_checkpoint(str(path)),
         )
+        calls_done = time.perf_counter()
         (path / _METADATA_FILE).write_text(json.dumps({"storage_saved": True, "user_metadata": user}, indent=2))
         units = json.loads((path / _UNIT_INFO).read_text())
         unit_files = [f"{_UNIT_DIR}/su_{u['position']}_{u['storage_unit_id']}.pkl" for u in units]
@@ -123,7 +130,8 @@ def write(client: Any, directory: Path, metadata: Mapping[str, Any]) -> PendingS
         "files": sizes,
     }
     (path / LISTING).write_text(json.dumps(listing, sort_keys=True, indent=1) + "\n")
-    return PendingSnapshot(path, sizes, unit_files)
+    timings = {"controller": controller_s, "units": units_s, "files": time.perf_counter() - calls_done}
+    return PendingSnapshot(path, sizes, unit_files, timings)
 
 
 def check_dir(path: Path, *, storage_units: int | None = None) -> dict[str, Any]:
@@ -176,19 +184,25 @@ def read_user_metadata(path: Path) -> dict[str, Any]:
         raise CheckpointCorrupt(f"{where}: unreadable ({type(e).__name__}: {e})") from None
 
 
-def load(client: Any, path: Path, *alongside: Callable[[], object]) -> None:
-    """TransferQueue's load of a checked snapshot: the units and the controller at once, with `alongside` calls."""
-    concurrently(
+def load(client: Any, path: Path) -> dict[str, float]:
+    """TransferQueue's load of a checked snapshot: the units and the controller at once; the seconds from their
+    common start to the end of each (`units`, `controller`), for profiling."""
+    units_s, controller_s = concurrently(
         lambda: client.load_storage_checkpoint(str(path)),
         lambda: client.load_controller_checkpoint(str(path / _CONTROLLER_FILE)),
-        *alongside,
     )
+    return {"units": units_s, "controller": controller_s}
 
 
-def concurrently(*calls: Callable[[], object]) -> None:
+def concurrently(*calls: Callable[[], object]) -> list[float]:
     """Run blocking TQ calls at once (each waits on a different actor, or the same one for a different thing);
-    raise the first failure, after all have ended."""
+    raise the first failure, after all have ended. Returns the seconds from the start to each call's end."""
+    started = time.perf_counter()
+
+    def timed(call: Callable[[], object]) -> float:
+        call()
+        return time.perf_counter() - started
+
     with concurrent.futures.ThreadPoolExecutor(len(calls), thread_name_prefix="trainingrun-tq") as pool:
-        futures = [pool.submit(call) for call in calls]
-        for future in futures:
-            future.result()
+        futures = [pool.submit(timed, call) for call in calls]
+        return [future.result() for future in futures]
