@@ -202,9 +202,11 @@ class BootstrapDataPlane(DataPlaneClient):
         final_conf = _run_with_timeout(lambda: tq.init(conf), init_timeout_s, "tq.init")
         self = cls(_mint=_MINT, storage_units=storage_units, conf=final_conf)
         self._client = tq.get_client()
-        # The first `__ray_call__` into each unit ships the function to it: pay that now, with the start-up,
-        # rather than in the restore's pristine check.
+        # The first `__ray_call__` into each unit ships the function to it, and the client's first request to
+        # TransferQueue's controller opens its socket (4 ms here): pay both now, with the start-up, rather than in
+        # the restore (its pristine check; the controller's load, the longest of its calls). Both only read.
         self.state()
+        self._client.get_partition_list()
         log.info("TransferQueue started: %d storage units, capacity %s", storage_units, capacity)
         return self
 
