@@ -1,14 +1,14 @@
 """Benchmark (not a test): data-plane checkpoint save/load against raw disk, and the barrier's exclusive window.
 
-For 20 MiB and 200 MiB of GRPO-like rows (per row: 1024 int64 tokens, 1024 float32 log-probs,
+For 20 MiB, 200 MiB and 2 GiB of GRPO-like rows (per row: 1024 int64 tokens, 1024 float32 log-probs,
 1024 float32 advantages, one float32 reward; groups of 8, put 256 rows at a time) on a real local
 Ray and TransferQueue (2 storage units), it measures what a user pays for:
 
 - save:  a durable, hashed data-plane snapshot: `DataPlaneClient.snapshot` (the storage units plan
-         their files and create them; background threads copy, hash and O_DIRECT-write the rows), the
-         units' digests (waiting for those writes), then
-         every file fsynced and the others hashed (`commit.sync_and_hash`, what the bundle commit
-         does); against writing the same number of raw bytes to one file + fsync;
+         their files and create them; background threads copy, BLAKE3-hash and O_DIRECT-write the rows),
+         the units' digests (waiting for those writes), then every file fsynced and the others hashed
+         (`commit.sync_and_hash`, what the bundle commit does); against writing the same number of raw
+         bytes to one file + fsync;
 - load:  a verified restore of the data plane: `verification.verify` of the step (every checksum, every
          file read cold), then `BootstrapDataPlane.load_checkpoint` into a fresh TransferQueue;
          against a cold read of the same number of raw bytes (pages dropped with posix_fadvise);
@@ -18,9 +18,14 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
 - the barrier: a full `DataPlaneCheckpointer` snapshot while rollouts keep committing groups; its
          exclusive window (index + inventory check + TQ write) against the durable snapshot
          (TQ write + commit: digests, fsync, manifest);
-- the SHA-256 floor: hashing the same bytes from memory in one thread per storage unit, with nothing
-         read or written (`sha256_in_memory_s`); raw cold read / that floor is the most a restore that
-         verifies every checksum could reach on this machine (`load_ceiling_sha256_vs_disk`);
+- each phase, with the floor it is measured against: the save's TransferQueue calls (the controller
+         pickling its state, the units planning; fixed costs), its wait for the units' digests (their
+         background copy, hash and write; floor: the raw write) and its fsyncs (`save_*`); the load's
+         verification (floor: the raw cold read, and hashing the same bytes from memory:
+         `blake3_in_memory_s`, one thread per storage unit; `sha256_in_memory_s` for what format 1
+         cost) and each step of TransferQueue's load (`load_*`: the pristine check, one round of Ray
+         calls; the listing check; the units mapping their files; the controller unpickling its state;
+         the token's nonce). `load_ceiling_blake3_vs_disk` is the raw cold read over the hash floor;
 - the storage fix: snapshot size and time of rows put 256 at a time, stock 0.1.11 units vs the fix
          (`--stock-mib`, one storage unit; stock writes about 256x the raw bytes).
 
@@ -35,16 +40,31 @@ Before each restore (and the raw read timed right before it) the bench waits unt
 started with the fresh TransferQueue have gone quiet (`settle`): Ray pre-starts idle workers that
 import their modules for a second or two, and on two cores that CPU went to whichever side ran then.
 
+Both cold reads start from the same memory state: the raw file and the step's files were each in the
+page cache and are dropped right before their timed read, so both reuse the pages just freed. Until
+format 2 the restore read files that no read had cached since their O_DIRECT write, so its page cache
+came from memory this VM had handed back to its host (faulted in again page by page, 2-3x slower than
+reused pages), while the raw read reused its own; that first read is still timed, outside the restore,
+as `load_verify_uncached_since_written_s`, next to `raw_read_cold_fresh_memory_s` (the raw read into
+memory allocated inside the timed region).
+
 Ratios are bandwidth ratios (raw time / data-plane time; 1.0 = as fast as raw disk). Each figure is
-the median of several runs, raw and data-plane runs interleaved. The headline figures are the worst
-over the two sizes, merged into `bench-results.json` at the repository root under "dataplane"
-(read-modify-write; other benchmarks keep their keys):
+the median of several runs, raw and data-plane runs interleaved. The headline figures, merged into
+`bench-results.json` at the repository root under "dataplane" (read-modify-write; other benchmarks
+keep their keys):
 
-    dataplane_save_vs_disk    raw fsynced write time / durable hashed snapshot time   (goal >= 0.8)
-    dataplane_load_vs_disk    raw cold read time / verified restore time               (goal >= 0.8)
-    barrier_hold_vs_snapshot  exclusive window / durable snapshot time                 (goal <= 1.0)
+    dataplane_save_vs_disk[_2gib]     at 200 MiB [2 GiB]: raw fsynced write / durable hashed snapshot  (goal >= 0.8)
+    dataplane_load_vs_disk[_2gib]     at 200 MiB [2 GiB]: raw cold read / verified restore              (goal >= 0.8)
+    barrier_hold_vs_snapshot          worst size: exclusive window / durable snapshot                  (goal <= 1.0)
+    dataplane_save_fixed_ms_20mib     at 20 MiB: durable snapshot minus the raw fsynced write, ms       (goal <= 25)
+    dataplane_restore_fixed_ms_20mib  at 20 MiB: verified restore minus the raw cold read, ms           (goal <= 25)
 
-Run: `.venv/bin/python bench/bench_dataplane.py [--sizes 20 200] [--repeats 3]`.
+At 20 MiB the time is mostly not bytes, so a ratio says little: the fixed costs are what the data plane
+pays beyond moving the same bytes through the disk, with their phases beside them. Without a size, the
+figures that need it are left out (`run_all.py` requires the 200 MiB ones; the default sizes give all).
+The machine's load average before and after is recorded, since the two cores are shared.
+
+Run: `.venv/bin/python bench/bench_dataplane.py [--sizes 20 200 2048] [--repeats 3]`.
 """
 
 from __future__ import annotations
@@ -52,8 +72,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import hashlib
 import json
+import mmap
 import os
 import shutil
 import statistics
@@ -71,7 +91,7 @@ from trainingrun_runtime.dataplane.checkpointer import DataPlaneCheckpointer
 from trainingrun_runtime.dataplane.lifecycle import BootstrapDataPlane, ConnectOnlyDataPlane
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
-from trainingrun_runtime.storage import commit, layout, manifest, verification
+from trainingrun_runtime.storage import checksum, commit, layout, manifest, verification
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench-results.json"
@@ -140,6 +160,34 @@ def raw_write(path: Path, payload: bytes) -> float:
     return time.perf_counter() - started
 
 
+STAGE = 4 << 20
+_STAGE_BUF = mmap.mmap(-1, STAGE)  # page-aligned, kept: what the storage units' staging buffers are
+
+
+def raw_write_direct(path: Path, payload: bytes) -> float:
+    """The write path the storage units take, in one thread with nothing else: copy through one reused 4 MiB
+    aligned buffer, O_DIRECT pwrite (the unaligned tail buffered), fsync; seconds. The floor of the save's
+    background write (`save_digest_wait_s`), printed for context."""
+    view, buf = memoryview(payload), memoryview(_STAGE_BUF)
+    started = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    tail = os.open(path, os.O_WRONLY)
+    try:
+        for at in range(0, len(view), STAGE):
+            n = min(STAGE, len(view) - at)
+            buf[:n] = view[at : at + n]
+            aligned = n - n % 4096
+            if aligned:
+                os.pwrite(fd, buf[:aligned], at)
+            if aligned < n:
+                os.pwrite(tail, buf[aligned:n], at + aligned)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.close(tail)
+    return time.perf_counter() - started
+
+
 def raw_read(path: Path, size: int) -> float:
     """Cold read into a buffer allocated (and zeroed, so touched) before the clock starts: the headline baseline."""
     drop_cache([path])
@@ -185,14 +233,20 @@ def settle(quiet_cpu_s: float = 0.05, window_s: float = 0.5, limit_s: float = 10
             return
 
 
-def sha256_in_memory(payload: bytes) -> float:
-    """SHA-256 of the payload split in UNITS parts, one thread each, from memory: no disk, no copy. Both the save
-    (the units hash what they write) and the restore (every checksum verified) pay at least this; seconds."""
+def hash_in_memory(payload: bytes, algorithm: str) -> float:
+    """The checksum of the payload split in UNITS parts, one thread each, from memory: no disk, no copy. Both the
+    save (the units hash what they write) and the restore (every checksum verified) pay at least this; seconds."""
     part = -(-len(payload) // UNITS)
     view = memoryview(payload)
+
+    def one(at: int) -> str:
+        h = checksum.new(algorithm)
+        h.update(view[at : at + part])
+        return h.hexdigest()
+
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(UNITS) as pool:
-        list(pool.map(lambda at: hashlib.sha256(view[at : at + part]).digest(), range(0, len(payload), part)))
+        list(pool.map(one, range(0, len(payload), part)))
     return time.perf_counter() - started
 
 
@@ -258,6 +312,19 @@ PARTS: dict[str, list[float]] = {}
 """Per-phase seconds of the data-plane save and load runs of the current size (medians are printed)."""
 
 
+def part(name: str, seconds: float) -> None:
+    PARTS.setdefault(name, []).append(seconds)
+
+
+def unit_timings(prefix: str) -> None:
+    """Each storage unit's own seconds per phase of its last snapshot write or load (`last_timings`), the slowest
+    unit's, as `<prefix><phase>_s`."""
+    units = [ray.get_actor(f"TransferQueueStorageUnit#{rank}") for rank in range(UNITS)]
+    timings = ray.get([u.__ray_call__.remote(lambda unit: dict(unit.storage_data.last_timings)) for u in units])
+    for phase in sorted({k for t in timings for k in t}):
+        part(f"{prefix}{phase}_s", max(t.get(phase, 0.0) for t in timings))
+
+
 def durable_snapshot(client: ConnectOnlyDataPlane, target: Path) -> float:
     """The data plane alone, durable and hashed: TQ's snapshot (units hash while writing), then every
     file fsynced and the rest hashed, as the bundle commit does; seconds."""
@@ -269,9 +336,13 @@ def durable_snapshot(client: ConnectOnlyDataPlane, target: Path) -> float:
     commit.sync_and_hash(target, {rel: manifest.FileEntry(size=files.sizes[rel], digest=digests[rel])
                                   for rel in digests})  # fmt: skip
     done = time.perf_counter()
-    PARTS.setdefault("save_write_s", []).append(written - started)
-    PARTS.setdefault("save_digest_wait_s", []).append(hashed - written)
-    PARTS.setdefault("save_fsync_and_hash_rest_s", []).append(done - hashed)
+    part("save_tq_calls_s", written - started)  # in the barrier's window in a real checkpoint
+    part("save_tq_controller_s", files.timings["controller"])  # the controller pickles its state and writes it
+    part("save_tq_units_s", files.timings["units"])  # the units plan their files and create them
+    part("save_tq_files_s", files.timings["files"])  # metadata.json and the listing
+    part("save_digest_wait_s", hashed - written)  # the units' background copy, BLAKE3 and O_DIRECT write
+    part("save_fsync_and_hash_rest_s", done - hashed)
+    unit_timings("save_unit_")  # plan (in the window), then write and hash (in the background, after it)
     return done - started
 
 
@@ -304,16 +375,22 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
     saver = DataPlaneCheckpointer(root, "bench", dataplane=client, buffer=buffer, barrier=buffer.barrier)
     saves, raw_writes, ckpt_saves = [], [], []
     for i in range(repeats):
-        PARTS.setdefault("sha256_in_memory_s", []).append(sha256_in_memory(payload))
+        part("blake3_in_memory_s", hash_in_memory(payload, "blake3"))
+        part("sha256_in_memory_s", hash_in_memory(payload, "sha256"))
         os.sync()
         raw_writes.append(raw_write(raw_file, payload))
+        os.sync()
+        part("raw_write_direct_s", raw_write_direct(workdir / "direct.bin", payload))
         os.sync()
         saves.append(durable_snapshot(client, workdir / f"dp{mib}_{i}"))
         os.sync()
         ckpt_saves.append(asyncio.run(durable_checkpoint(saver, i + 1)))
     written = sum(f.stat().st_size for f in files_under(workdir / f"dp{mib}_0"))
+    for i in range(repeats):
+        shutil.rmtree(workdir / f"dp{mib}_{i}")  # at 2 GiB, disk and page cache are worth keeping free
     del payload
     runs = asyncio.run(barrier_runs(client, buffer, workdir / f"ckpt{mib}", repeats))
+    shutil.rmtree(workdir / f"ckpt{mib}")
     boot.close()
 
     loads, ckpt_loads, raw_reads = [], [], []
@@ -323,7 +400,15 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
         for full in (False, True):
             fresh = BootstrapDataPlane.start(storage_units=UNITS)
             settle()
-            PARTS.setdefault("raw_read_cold_fresh_memory_s", []).append(raw_read_fresh(raw_file, raw_bytes))
+            if not full:
+                # The unit files were written O_DIRECT, so no read has cached them yet: this first verification
+                # takes its page cache from memory the guest gave back (context, not the headline; see the top).
+                drop_cache(files_under(step_dir))
+                at = time.perf_counter()
+                verification.verify(step_dir)
+                part("load_verify_uncached_since_written_s", time.perf_counter() - at)
+            part("raw_read_cold_fresh_memory_s", raw_read_fresh(raw_file, raw_bytes))
+            # Both timed reads below start alike: their file was in the page cache and is dropped right before.
             raw_reads.append(raw_read(raw_file, raw_bytes))  # cold, right before each cold restore
             drop_cache(files_under(step_dir))
             started = time.perf_counter()
@@ -339,15 +424,18 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
                 verified = time.perf_counter()
                 token, _ = fresh.load_checkpoint(step_dir / layout.DATA_PLANE)
                 loads.append(time.perf_counter() - started)
-                PARTS.setdefault("load_verify_s", []).append(verified - started)
-                PARTS.setdefault("load_tq_s", []).append(time.perf_counter() - verified)
+                part("load_verify_s", verified - started)
+                part("load_tq_s", time.perf_counter() - verified)
+                for phase, seconds in fresh.load_timings.items():
+                    if phase != "total":
+                        part(f"load_tq_{phase}_s", seconds)
+                unit_timings("load_unit_")  # read: the header and the mapping; rows: the restored fields
             restored = ConnectOnlyDataPlane.connect(token).list_sample_ids(PARTITION)
             assert len(restored) == n_rows, (len(restored), n_rows)
             fresh.close()
     shutil.rmtree(root)
-    for i in range(repeats):
-        shutil.rmtree(workdir / f"dp{mib}_{i}")
     raw_file.unlink()
+    (workdir / "direct.bin").unlink()
 
     med = statistics.median
     b = {k: med(r[k] for r in runs) for k in runs[0]}
@@ -362,8 +450,12 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
         **{key: med(values) for key, values in sorted(PARTS.items())},
         "save_vs_disk": med(raw_writes) / med(saves),
         "load_vs_disk": med(raw_reads) / med(loads),
-        # The most a restore that verifies SHA-256 could reach here if reading, mapping and loading were free.
+        # The most a restore that verifies every checksum could reach here if reading, mapping and loading were
+        # free (BLAKE3; SHA-256 for what format 1 allowed).
+        "load_ceiling_blake3_vs_disk": med(raw_reads) / med(PARTS["blake3_in_memory_s"]),
         "load_ceiling_sha256_vs_disk": med(raw_reads) / med(PARTS["sha256_in_memory_s"]),
+        "save_fixed_ms": (med(saves) - med(raw_writes)) * 1000,
+        "restore_fixed_ms": (med(loads) - med(raw_reads)) * 1000,
         "checkpoint_save_s": med(ckpt_saves),
         "checkpoint_restore_s": med(ckpt_loads),
         "checkpoint_save_vs_disk": med(raw_writes) / med(ckpt_saves),
@@ -424,6 +516,19 @@ def compare_stock(mib: int, workdir: Path) -> dict[str, float]:
     return out
 
 
+def headline(per_size: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The named figures: ratios at 200 MiB and 2 GiB, fixed costs at 20 MiB, the worst window over every size."""
+    out = {"barrier_hold_vs_snapshot": max(s["barrier_exclusive_vs_snapshot"] for s in per_size.values())}
+    for size, suffix in (("200MiB", ""), ("2048MiB", "_2gib")):
+        if size in per_size:
+            out[f"dataplane_save_vs_disk{suffix}"] = per_size[size]["save_vs_disk"]
+            out[f"dataplane_load_vs_disk{suffix}"] = per_size[size]["load_vs_disk"]
+    if "20MiB" in per_size:
+        out["dataplane_save_fixed_ms_20mib"] = per_size["20MiB"]["save_fixed_ms"]
+        out["dataplane_restore_fixed_ms_20mib"] = per_size["20MiB"]["restore_fixed_ms"]
+    return out
+
+
 def merge(figures: dict[str, Any]) -> None:
     current: dict[str, Any] = {}
     if RESULTS.exists():
@@ -439,7 +544,7 @@ def merge(figures: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200], help="MiB of rows")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 2048], help="MiB of rows")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None, help="where snapshots go (default: a temp dir)")
     parser.add_argument("--stock-mib", type=int, default=4, help="MiB for the stock-vs-fix size comparison (0: skip)")
@@ -449,6 +554,7 @@ def main() -> None:
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     workdir = Path(tempfile.mkdtemp(prefix="bench-dataplane-", dir=args.workdir))
+    load_before = list(os.getloadavg()[:2])
     try:
         stock = {}
         if args.stock_mib:
@@ -458,13 +564,11 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         ray.shutdown()
-    figures: dict[str, Any] = {
-        "dataplane_save_vs_disk": min(s["save_vs_disk"] for s in per_size.values()),
-        "dataplane_load_vs_disk": min(s["load_vs_disk"] for s in per_size.values()),
-        "barrier_hold_vs_snapshot": max(s["barrier_exclusive_vs_snapshot"] for s in per_size.values()),
-        "sizes": per_size,
-        "storage_fix": stock,
-        "machine": {"cpus": os.cpu_count(), "loadavg_1m_5m_at_end": list(os.getloadavg()[:2])},
+    figures: dict[str, Any] = {**headline(per_size), "sizes": per_size, "storage_fix": stock}
+    figures["machine"] = {
+        "cpus": os.cpu_count(),
+        "loadavg_1m_5m_at_start": load_before,
+        "loadavg_1m_5m_at_end": list(os.getloadavg()[:2]),
     }
     merge(figures)
     print("\n" + json.dumps({k: v for k, v in figures.items() if k not in ("sizes", "storage_fix")}, indent=2))
