@@ -43,7 +43,7 @@ import their modules for a second or two, and on two cores that CPU went to whic
 Both cold reads start from the same memory state: the raw file and the step's files were each in the
 page cache and are dropped right before their timed read, so both reuse the pages just freed. Until
 format 2 the restore read files that no read had cached since their O_DIRECT write, so its page cache
-came from memory this VM had handed back to its host (faulted in again page by page, 2-3x slower than
+came from memory this VM had handed back to its host (faulted in again page by page, 3-4x slower than
 reused pages), while the raw read reused its own; that first read is still timed, outside the restore,
 as `load_verify_uncached_since_written_s`, next to `raw_read_cold_fresh_memory_s` (the raw read into
 memory allocated inside the timed region).
