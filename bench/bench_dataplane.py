@@ -500,7 +500,7 @@ def compare_stock(mib: int, workdir: Path) -> dict[str, float]:
     for label in ("stock", "fixed"):
         install = storage_unit.install
         if label == "stock":
-            storage_unit.install = lambda: None
+            storage_unit.install = lambda node_id=None: None
             simple_storage_bootstrap.SimpleStorageUnit = simple_storage.SimpleStorageUnit
         try:
             boot = BootstrapDataPlane.start(storage_units=1)
