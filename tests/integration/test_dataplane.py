@@ -387,7 +387,8 @@ def test_a_controller_state_saved_without_deep_copies_restores_the_same_state_ro
 ) -> None:
     """TransferQueue's own load reads what `DirectPickleController` saved, into a fresh TransferQueue: the same
     controller state attribute by attribute (every partition, freed indexes included), the
-    same rows and tags, and the index manager goes on where it was (a put after the restore overwrites nothing)."""
+    same rows and tags, and the index manager goes on where it was (a put after the restore overwrites nothing).
+    The fresh controller unpickles its first tensor without importing anything (it did that when it started)."""
 
     # Run inside the controller actor; nested, so Ray ships them by value.
     def state(controller: Any) -> Any:  # read from the live controller, not through the code under test
@@ -397,6 +398,15 @@ def test_a_controller_state_saved_without_deep_copies_restores_the_same_state_ro
             "index_manager": vars(controller.index_manager),
             "sampler": controller.sampler.save_checkpoint(),
         }
+
+    def imports_of_an_unpickled_tensor(controller: Any) -> list[str]:
+        import pickle
+        import sys
+
+        data = pickle.dumps(torch.zeros(2))
+        before = set(sys.modules)
+        pickle.loads(data)
+        return sorted(set(sys.modules) - before)
 
     _, client = planes.live()
     groups = groups_of("m", 3, 4)
@@ -413,6 +423,7 @@ def test_a_controller_state_saved_without_deep_copies_restores_the_same_state_ro
     assert set(pending.timings) == {"controller", "units", "files", "digest_wait"}
 
     boot = planes.restart()
+    assert ray.get(row_client.controller().__ray_call__.remote(imports_of_an_unpickled_tensor)) == []
     assert _plain(ray.get(row_client.controller().__ray_call__.remote(state)))["partitions"] == {}
     token, _ = boot.load_checkpoint(tmp_path / "dp")
     assert _plain(ray.get(row_client.controller().__ray_call__.remote(state))) == saved
@@ -497,6 +508,23 @@ def test_restored_rows_outlive_their_deleted_snapshot_and_take_overwrites(planes
     client.update_fields("dirty", ids, {"x": torch.full((4, 8), 2.0)})  # the advantage stage's overwrite
     assert torch.equal(torch.stack(list(client.read_rows("dirty", ids, ["x"])["x"])), torch.full((4, 8), 2.0))
     client.close()
+
+
+def test_a_token_for_a_transferqueue_that_no_bootstrap_client_started_is_refused_saying_so(planes: Planes) -> None:
+    if planes.fresh_token is None:  # run alone
+        planes.live()
+    token = planes.fresh_token
+    assert token is not None
+    planes.close()
+    transfer_queue.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}})  # stores no token nonce
+    try:
+        with pytest.raises(DataPlaneError, match=r"not issued by .*\(it was not started by a trainingrun bootstrap"):
+            ConnectOnlyDataPlane.connect(token)
+    finally:
+        transfer_queue.close()
+        deadline = time.monotonic() + 60
+        while row_client.find_controller() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def test_start_fails_fast_when_ray_lacks_cpu_slots(planes: Planes) -> None:

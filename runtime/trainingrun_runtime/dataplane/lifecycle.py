@@ -9,8 +9,9 @@ The order between the roles is enforced by types, not by statement order::
     controller actor, trainer worker (any other process), later
       cp = ConnectOnlyDataPlane.connect(token)     # attaches; refuses a token this TQ never issued
 
-A `DataPlaneToken` is only ever minted by `load_checkpoint` / `start_fresh`; its nonce is written into the TQ
-controller's config, and `connect` checks it there, so a connect-only client cannot exist before the restore
+A `DataPlaneToken` is only ever handed out by `load_checkpoint` / `start_fresh`; its nonce, drawn when the
+bootstrap client starts TQ and secret until then, is written into the TQ controller's config at start-up (off
+the restore's path), and `connect` checks it there, so a connect-only client cannot exist before the restore
 decision was taken on *this* TransferQueue. The bootstrap client refuses data operations until that decision,
 and refuses a restore once any operation went through it (a failed restore leaves it dirty). Before loading it
 also checks TransferQueue's *global* state (no partitions, no rows, nothing consumed, storage units empty), so a
@@ -117,11 +118,6 @@ class DataPlaneToken:
         return f"DataPlaneToken(decision={self.decision!r}, source={self.source!r})"
 
 
-def _new_token(decision: str, source: str | None) -> DataPlaneToken:
-    """A token with a fresh secret nonce; valid once `BootstrapDataPlane._send_nonce` has stored the nonce."""
-    return DataPlaneToken(secrets.token_hex(16), decision, source, _mint=_MINT)
-
-
 def _unpickle_token(nonce: str, decision: str, source: str | None) -> DataPlaneToken:
     return DataPlaneToken(nonce, decision, source, _mint=_MINT)
 
@@ -145,11 +141,13 @@ class BootstrapDataPlane(DataPlaneClient):
         self._units = [ray.get_actor(_UNIT_NAME.format(rank)) for rank in range(storage_units)]
         self._controller = row_client.controller()  # the one this client created; a restart would be another TQ
         self._token: DataPlaneToken | None = None
+        self._nonce = secrets.token_hex(16)
+        """This TransferQueue's token nonce: stored in its controller by `start`, handed out in the decision's token."""
         self._poisoned: str | None = None
         self.load_timings: dict[str, float] = {}
-        """Seconds per phase of `load_checkpoint` (profiling): `pristine_check` (one round of Ray calls, the token's
-        nonce included), `listing_check` (the snapshot's listing and metadata), then, from their common start, the
-        ends of `units` and `controller` (TransferQueue's two load calls); `total`."""
+        """Seconds per phase of `load_checkpoint` (profiling): `pristine_check` (one round of Ray calls),
+        `listing_check` (the snapshot's listing and metadata), then, from their common start, the ends of `units`
+        and `controller` (TransferQueue's two load calls); `total`."""
 
     @classmethod
     def start(
@@ -204,9 +202,13 @@ class BootstrapDataPlane(DataPlaneClient):
         self._client = tq.get_client()
         # The first `__ray_call__` into each unit ships the function to it, and the client's first request to
         # TransferQueue's controller opens its socket (4 ms here): pay both now, with the start-up, rather than in
-        # the restore (its pristine check; the controller's load, the longest of its calls). Both only read.
+        # the restore (its pristine check; the controller's load, the longest of its calls). Both only read. The
+        # nonce goes in now too, so the decision's round of Ray calls is the pristine check alone.
+        self._conf[_TOKEN_KEY] = self._nonce  # TQ's merged config (an OmegaConf object, not a dict)
+        stored = self._controller.store_config.remote(self._conf)
         self.state()
         self._client.get_partition_list()
+        ray.get(stored)
         log.info("TransferQueue started: %d storage units, capacity %s", storage_units, capacity)
         return self
 
@@ -243,7 +245,7 @@ class BootstrapDataPlane(DataPlaneClient):
         state = self.state()
         if not state.pristine:
             raise RestoreRefused(f"start_fresh refused: TransferQueue is not pristine: {state.describe()}")
-        return self._issue("fresh", None)
+        return self._ready("fresh", None)
 
     def load_checkpoint(self, directory: str | os.PathLike[str]) -> Restored:
         """Restore TransferQueue from a snapshot written by `snapshot`; returns (token, metadata).
@@ -256,13 +258,7 @@ class BootstrapDataPlane(DataPlaneClient):
         self._claim_decision("load_checkpoint")
         path = Path(directory).absolute()
         started = time.perf_counter()
-        token = _new_token("restored", str(path))
-        # The token's nonce goes out in the same round of Ray calls as the pristine check, not beside the load,
-        # where it waited for the controller's unpickling. Storing it early gives nothing away: the token is
-        # secret until this returns it, and a refused or failed restore never returns it.
-        stored = self._send_nonce(token)
         state = self.state()
-        ray.get(stored)
         if not state.pristine:
             raise RestoreRefused(f"restore from {path} refused: TransferQueue is not pristine: {state.describe()}")
         checked = time.perf_counter()
@@ -281,7 +277,7 @@ class BootstrapDataPlane(DataPlaneClient):
             "controller": ended["controller"],
             "total": time.perf_counter() - started,
         }
-        return Restored(self._ready(token), user)
+        return Restored(self._ready("restored", str(path)), user)
 
     def close(self) -> None:
         """Shut TransferQueue down (controller and storage units) and wait until it is gone."""
@@ -307,21 +303,9 @@ class BootstrapDataPlane(DataPlaneClient):
                 )
             self._used_by = op
 
-    def _issue(self, decision: str, source: str | None) -> DataPlaneToken:
-        token = _new_token(decision, source)
-        self._store_nonce(token)
-        return self._ready(token)
-
-    def _store_nonce(self, token: DataPlaneToken) -> None:
-        """Write the token's nonce into the controller's config, where `ConnectOnlyDataPlane.connect` checks it."""
-        ray.get(self._send_nonce(token))
-
-    def _send_nonce(self, token: DataPlaneToken) -> Any:
-        """Start writing the token's nonce into the controller's config; the Ray reference to wait on."""
-        self._conf[_TOKEN_KEY] = token.nonce  # TQ's merged config (an OmegaConf object, not a dict)
-        return self._controller.store_config.remote(self._conf)
-
-    def _ready(self, token: DataPlaneToken) -> DataPlaneToken:
+    def _ready(self, decision: str, source: str | None) -> DataPlaneToken:
+        """The decision's token: this TransferQueue's nonce (stored at start-up), handed out only here."""
+        token = DataPlaneToken(self._nonce, decision, source, _mint=_MINT)
         self._token = token
         log.info("data plane ready: %s", token)
         return token
@@ -348,7 +332,7 @@ class ConnectOnlyDataPlane(DataPlaneClient):
         if issued != token.nonce:
             raise DataPlaneError(
                 f"{token} was not issued by the TransferQueue running in this Ray cluster"
-                + ("" if issued else " (it has not been restored or started fresh yet)")
+                + ("" if issued else " (it was not started by a trainingrun bootstrap client)")
             )
         tq.init()  # attaches: a controller exists, so this only builds the client
         self = cls(_mint=_MINT)
