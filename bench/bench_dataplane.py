@@ -43,8 +43,8 @@ import their modules for a second or two, and on two cores that CPU went to whic
 Both cold reads start from the same memory state: the raw file and the step's files were each in the
 page cache and are dropped right before their timed read, so both reuse the pages just freed. Until
 format 2 the restore read files that no read had cached since their O_DIRECT write, so its page cache
-came from memory this VM had handed back to its host (faulted in again page by page, 3-4x slower than
-reused pages), while the raw read reused its own; that first read is still timed, outside the restore,
+came from memory this VM had handed back to its host (faulted in again page by page, several times slower
+than reused pages), while the raw read reused its own; that first read is still timed, outside the restore,
 as `load_verify_uncached_since_written_s`, next to `raw_read_cold_fresh_memory_s` (the raw read into
 memory allocated inside the timed region).
 
@@ -62,7 +62,7 @@ keep their keys):
 *The fastest of several raw ways to move the same bytes, each measured (medians) and printed, so that a
 baseline slowed by an artifact cannot make the data plane look faster than the disk. Writes, each +
 fsync: buffered (`raw_write_fsync_s`; on this VM it stalls at random on page-cache memory the guest gave
-back to its host, which made the save read 3-4x in some runs), O_DIRECT through a reused aligned buffer
+back to its host, which flattered the save in some runs), O_DIRECT through a reused aligned buffer
 (`raw_write_direct_s`, the units' own write path) and the same in two streams at once, as two units write
 (`raw_write_direct_2streams_s`). Reads, cold, into memory touched beforehand: one stream
 (`raw_read_cold_s`) and two at once (`raw_read_cold_2streams_s`), as verification reads the units' files.
@@ -471,8 +471,8 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
 
     med = statistics.median
     # The raw write to compare with: the faster of the buffered write + fsync and the O_DIRECT one. On this VM
-    # the buffered write stalls at random on page-cache memory the guest handed back to its host (0.2-0.3 s
-    # for 200 MiB when it reuses pages, 0.54-0.65 s when it does not), which the O_DIRECT paths never touch.
+    # the buffered write stalls at random on page-cache memory the guest handed back to its host (much slower than
+    # when it reuses pages), which the O_DIRECT paths never touch.
     raw_write_s = min(med(raw_writes), med(PARTS["raw_write_direct_s"]), med(PARTS["raw_write_direct_2streams_s"]))
     # Likewise the read: one stream, or two at once as verification reads the units' two files; the faster.
     raw_read_s = min(med(raw_reads), med(PARTS["raw_read_cold_2streams_s"]))

@@ -201,9 +201,10 @@ class BootstrapDataPlane(DataPlaneClient):
         self = cls(_mint=_MINT, storage_units=storage_units, conf=final_conf)
         self._client = tq.get_client()
         # The first `__ray_call__` into each unit ships the function to it, and the client's first request to
-        # TransferQueue's controller opens its socket (4 ms here): pay both now, with the start-up, rather than in
-        # the restore (its pristine check; the controller's load, the longest of its calls). Both only read. The
-        # nonce goes in now too, so the decision's round of Ray calls is the pristine check alone.
+        # TransferQueue's controller opens its socket (it takes several times as long as a later request): pay
+        # both now, with the start-up, rather than in the restore (its pristine check; the controller's load, the
+        # longest of its calls). Both only read. The nonce goes in now too, so the decision's round of Ray calls
+        # is the pristine check alone.
         self._conf[_TOKEN_KEY] = self._nonce  # TQ's merged config (an OmegaConf object, not a dict)
         stored = self._controller.store_config.remote(self._conf)
         self.state()

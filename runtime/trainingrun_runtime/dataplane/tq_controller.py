@@ -3,8 +3,8 @@
 TransferQueue 0.1.11's `TransferQueueController.save_checkpoint` builds its state from `to_snapshot()` of every
 partition (a `copy.deepcopy` of each attribute: the key maps, the per-row custom metadata, the field metadata)
 and a deep copy of the index manager's sets, then pickles that. The copies cost several times the pickling
-itself (measured in `bench/bench_dataplane.py` as `save_tq_controller_s`; about 85 % of the call for 12,800
-rows) and they run inside the barrier's window, on every checkpoint.
+itself (`save_tq_controller_s` in `bench/bench_dataplane.py`), grow with the rows, and run inside the barrier's
+window, on every checkpoint.
 
 They buy nothing here: the save runs on the controller's one request thread, which serves every data
 request too, so nothing it handles can change the state between the copy and the pickle; and the copy
@@ -58,7 +58,7 @@ class DirectPickleController(tq_controller.TransferQueueController.__ray_actor_c
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The first tensor this process unpickles (a restore's: the partitions' status tensors) imports torch's
-        # serialization modules (1.3-1.5 ms here), which the restore would wait for; unpickle one now, at start-up.
+        # serialization modules, which the restore would wait for; unpickle one now, at start-up.
         pickle.loads(pickle.dumps(torch.zeros(1)))
 
     def save_checkpoint(self, path: str) -> None:
