@@ -24,6 +24,10 @@ def test_a_pinned_checkpoint_that_fails_verification_is_passed_over_in_the_same_
     loop: Loop, namespace: str
 ) -> None:
     save_period = 5
+    # Attempt 1 holds 30 s after training step 12, past its second save: the run cannot end before the eviction.
+    loop.bed.runner.add_env(
+        {"trainingrun.dev/run": "cc", "trainingrun.dev/attempt": "1"}, {"TRAININGRUN_CRASH_AT": "trained@12~30"}
+    )
     loop.plane.apply(
         loop.checkpoints_pvc("cc-checkpoints"),
         loop.tiny_run(
@@ -34,10 +38,13 @@ def test_a_pinned_checkpoint_that_fails_verification_is_passed_over_in_the_same_
         ),
         namespace=namespace,
     )
-    loop.wait(
-        lambda: len(recorded_by(loop, namespace, "cc", 1)) >= 2, timeout=420, what="attempt 1's second checkpoint"
-    )
     directory = run_directory(loop, namespace, "cc-checkpoints", "cc")
+    loop.wait(
+        lambda: (directory / "crash-markers" / "held-at-trained@12").exists(),
+        timeout=420,
+        what="attempt 1 held after step 12",
+    )
+    loop.wait(lambda: len(recorded_by(loop, namespace, "cc", 1)) >= 2, timeout=60, what="attempt 1's second checkpoint")
     # Without notice (grace 0): the driver saves nothing more, and the newest recorded step is what attempt 2 gets.
     chaos.evict(loop.plane, namespace, head_name(loop, namespace, "cc", 1), grace_seconds=0)
     ended = loop.wait(
