@@ -105,8 +105,10 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
             if hit.kind == "head_loss" and hit.t and hit.notice_recorded_s is None and notice_saved(current, hit):
                 hit.notice_recorded_s = time.time() - hit.t
         attempt, step = runtime_step(plane, name)
-        # One at a time: the next strike waits until the run trains again after the last one (>= 15 s).
-        if pending and attempt and step >= pending[0].at_step and time.time() - last >= 15:
+        running = int((current.get("attempt") or {}).get("number") or 0)
+        # One at a time: the next strike waits until the run trains again after the last one (>= 15 s), in the
+        # current attempt (after a head loss, status.runtime holds the old attempt's report until the new one's).
+        if pending and attempt and attempt == running and step >= pending[0].at_step and time.time() - last >= 15:
             strike(plane, bed, name, pending.pop(0), attempt, step, rng)
             last = time.time()
         time.sleep(0.5)
