@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainingrun_runtime import timestamps
+from trainingrun_runtime.storage import files
 
 __all__ = [
     "ANSWER_FILE",
@@ -85,9 +86,7 @@ def _dir(root: str | os.PathLike[str], run: str, attempt: int) -> Path:
 
 def _write(path: Path, value: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    files.replace_synced(path, json.dumps(value).encode())
 
 
 def request(root: str | os.PathLike[str], run: str, attempt: int, deadline: float, reason: str) -> None:
