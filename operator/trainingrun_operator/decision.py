@@ -345,11 +345,10 @@ class _Pass:
 
     def resume_point(self) -> tuple[bool, int | None]:
         """(possible, step): the newest recorded checkpoint not known bad; else the pinned step; else latest."""
-        book = self.status.checkpoints or model.CheckpointsStatus()
-        bad = set(book.bad or [])
-        for ckpt in reversed([*(book.history or []), *([book.latest] if book.latest else [])]):
-            if ckpt.step not in bad:
-                return True, ckpt.step
+        good = self._restorable_steps()
+        if good:
+            return True, good[-1]
+        bad = set((self.status.checkpoints or model.CheckpointsStatus()).bad or [])
         resume = self.spec.resume
         if resume.policy == "step" and resume.step is not None and resume.step not in bad:
             return True, resume.step
@@ -362,10 +361,14 @@ class _Pass:
         within the same attempt, when `resume` fails verification (never from a newer step)."""
         if resume is None:
             return ()
+        return tuple(sorted({s for s in self._restorable_steps() if s < resume}, reverse=True))
+
+    def _restorable_steps(self) -> list[int]:
+        """The recorded checkpoints' steps (history, then latest: oldest recorded first) not known bad."""
         book = self.status.checkpoints or model.CheckpointsStatus()
         bad = set(book.bad or [])
-        recorded = {c.step for c in [*(book.history or []), *([book.latest] if book.latest else [])]}
-        return tuple(sorted((s for s in recorded if s < resume and s not in bad), reverse=True))
+        recorded = [*(book.history or []), *([book.latest] if book.latest else [])]
+        return [c.step for c in recorded if c.step not in bad]
 
     def start_attempt(self) -> None:
         possible, resume = self.resume_point()
