@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import chaos
+from support import bundles
 from support.fullloop_runs import head_name, history, recorded_by, run_directory
 
 if TYPE_CHECKING:
@@ -52,9 +53,7 @@ def test_a_pinned_checkpoint_that_fails_verification_is_passed_over_in_the_same_
     )
     pinned = ended["checkpoints"]["latest"]["step"]
     weights = next(p for p in sorted((directory / f"step_{pinned}" / "policy").rglob("*")) if p.is_file())
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    weights.write_bytes(bytes(data))
+    bundles.flip_middle_byte(weights)
 
     # Until attempt 2 saves that step again (its first save, one period on), the step is listed as bad.
     status = loop.wait(

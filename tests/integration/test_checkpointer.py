@@ -34,7 +34,7 @@ import ray
 import torch
 import transfer_queue as tq  # type: ignore[import-untyped]
 
-from support import saving
+from support import bundles, saving
 from trainingrun_runtime import digest
 from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
@@ -178,9 +178,7 @@ async def test_a_new_process_restores_rows_tags_consumption_and_the_index_exactl
     await add_groups(buffer, range(6, 8))  # a newer step, which will be damaged
     step2, _ = await saving.save(saver, 2, attempt=2, config_hash="cfg")
     victim = next((step2 / "data_plane" / "simple_storage").glob("su_1_*.pkl"))
-    raw = bytearray(victim.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    victim.write_bytes(bytes(raw))
+    bundles.flip_middle_byte(victim)
     torch.save(expected, tmp_path / "expected.pt")
 
     done = run_child("child_restore", str(tmp_path), str(tmp_path / "observed.pt"))

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from support import launcher
+from support import bundles, launcher
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.storage import layout, verification
 
@@ -77,9 +77,7 @@ def copy_with_a_flipped_byte(root: Path, into: Path, step: int) -> Path:
     shutil.copytree(root / RUN, into / RUN, ignore=shutil.ignore_patterns("attempts", "owner.json", "crash-markers"))
     bundle = into / RUN / f"step_{step}"
     target = next(p for p in sorted((bundle / layout.POLICY).rglob("*")) if p.is_file() and p.stat().st_size > 64)
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    target.write_bytes(bytes(data))
+    bundles.flip_middle_byte(target)
     return target
 
 

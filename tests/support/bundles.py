@@ -64,3 +64,10 @@ def as_format_1(step_dir: Path) -> Path:
     }
     (step_dir / MANIFEST).write_text(json.dumps(raw, sort_keys=True, indent=2) + "\n")
     return step_dir
+
+
+def flip_middle_byte(path: Path) -> None:
+    """Damage a file as a bad disk block would: its middle byte inverted, its size unchanged."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
