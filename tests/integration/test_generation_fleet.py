@@ -5,7 +5,8 @@ driver runs, and a generation node that alone has `config.GENERATION_RESOURCE` (
 worker group's pods). The driver attaches to it through RAY_ADDRESS, as it does on a RayJob's head. Removing
 the generation node kills its raylet and every process on it, as a worker pod's loss does.
 
-- in_order, the node killed after step 3 and a new one added a few seconds later: the same attempt finishes,
+- in_order, the node killed while the driver holds after step 3 (a crash-point hold, so that a fast machine
+  cannot finish first) and a new one added a few seconds later: the same attempt finishes,
   its final weights equal an undisturbed run's, every prompt was trained exactly once, and every actor that
   holds run state sat on the head the whole time (nothing of it was on the node that died);
 - no generation node comes back within `generation.replacementSeconds`: the driver exits with code 4
@@ -60,19 +61,23 @@ def ray_cluster() -> Iterator[ray.cluster_utils.Cluster]:
 
 @pytest.fixture
 def cluster(ray_cluster: ray.cluster_utils.Cluster) -> Iterator[ray.cluster_utils.Cluster]:
-    """The module's cluster, with no generation node at the start of the test and none left after it."""
+    """The module's cluster, with no generation node at the start of the test and none left after it.
+
+    Teardown waits until the GCS has marked the removed nodes dead: until then it still schedules actors on
+    them, and the next test's generators would be placed on a node that no longer exists."""
     yield ray_cluster
     for node in list(ray_cluster.worker_nodes):
         ray_cluster.remove_node(node, allow_graceful=False)
+    ray_cluster.wait_for_nodes(timeout=120)
 
 
-def run_driver(root: Path, run: str, cluster: ray.cluster_utils.Cluster, conf: dict[str, Any]) -> launcher.Driver:
+def run_driver(
+    root: Path, run: str, cluster: ray.cluster_utils.Cluster, conf: dict[str, Any], hold_at: str | None = None
+) -> launcher.Driver:
+    """The driver of `run`, attached to `cluster`; `hold_at` ("trained@3~20") pauses it there so that the
+    test removes the generation node mid-run however fast the steps go on this machine."""
     return launcher.start(run=run, attempt=1, root=root, config=conf, event_log=root / f"{run}.jsonl",
-                          env={"RAY_ADDRESS": cluster.address})  # fmt: skip
-
-
-def steps_done(log: Path) -> int:
-    return max((e["step"] for e in events.read(log) if e["event"] == "step_done"), default=0)
+                          env={"RAY_ADDRESS": cluster.address}, crash_at=hold_at)  # fmt: skip
 
 
 def actor_nodes(cluster: ray.cluster_utils.Cluster, prefix: str) -> dict[str, str]:
@@ -94,10 +99,9 @@ def test_a_lost_generation_node_costs_no_attempt_no_step_and_no_prompt(
     straight = run_driver(tmp_path, "straight", cluster, CONFIG)
     assert straight.wait(600) == 0, straight.output()[-3000:]
 
-    killed = run_driver(tmp_path, "killed", cluster, CONFIG)
+    killed = run_driver(tmp_path, "killed", cluster, CONFIG, hold_at="trained@3~20")
     log = tmp_path / "killed.jsonl"
-    waiting.wait(lambda: steps_done(log) >= 3, timeout=400, what="step 3 of the disturbed run",
-                 diagnostics=lambda: killed.output()[-3000:])  # fmt: skip
+    killed.wait_for_marker("trained", 3, timeout=400, held=True)
     head = cluster.head_node.node_id
     state = {n: node for n, node in actor_nodes(cluster, "killed-a1").items() if "-gen-" not in n}
     assert set(state) >= {"killed-a1-controller", "killed-a1-trainer", "TransferQueueController",
@@ -130,9 +134,8 @@ def test_no_generation_node_back_within_the_bound_ends_the_attempt_with_exit_cod
     generation = cluster.add_node(**GENERATION_NODE)
     conf = json.loads(json.dumps(CONFIG))
     conf["generation"]["replacementSeconds"] = 30  # also the bound on the first workers starting
-    proc = run_driver(tmp_path, "gone", cluster, conf)
-    log = tmp_path / "gone.jsonl"
-    waiting.wait(lambda: steps_done(log) >= 2, timeout=400, what="step 2", diagnostics=lambda: proc.output()[-3000:])
+    proc = run_driver(tmp_path, "gone", cluster, conf, hold_at="trained@2~10")
+    proc.wait_for_marker("trained", 2, timeout=400, held=True)
     cluster.remove_node(generation, allow_graceful=False)
     assert proc.wait(300) == entrypoint.EXIT_GENERATION_LOST, proc.output()[-3000:]
     assert "GenerationLost: no generation worker for 30 s" in proc.output()

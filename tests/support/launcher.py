@@ -28,9 +28,11 @@ class Driver(driver_process.DriverProcess):
 
     marker_dir: Path
 
-    def wait_for_marker(self, point: str, step: int, timeout: float) -> None:
-        """Wait until the driver froze at crash point `point@step`; raise if it exited or took too long."""
-        marker = self.marker_dir / f"crashed-at-{point}@{step}"
+    def wait_for_marker(self, point: str, step: int, timeout: float, *, held: bool = False) -> None:
+        """Wait until the driver froze (or, `held`, is holding: `point@step~seconds`) at crash point `point@step`.
+
+        Raises if the driver exited first or took longer than `timeout`."""
+        marker = self.marker_dir / f"{'held' if held else 'crashed'}-at-{point}@{step}"
         deadline = time.monotonic() + timeout
         while not marker.exists():
             if self.exit_code() is not None:
