@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Test-bed binaries (kube-apiserver, etcd, kwok, KubeRay, helm) are built once into this cache.
 TESTBED_CACHE ?= $(HOME)/.cache/trainingrun
 
-.PHONY: install demo test test-unit testbed bench lint clean
+.PHONY: install demo test test-unit testbed images bench lint clean
 
 install: $(STAMP)
 
@@ -23,9 +23,14 @@ demo: install
 testbed:
 	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/testbed/build.sh
 
+# localhost/trainingrun-operator:dev and localhost/trainingrun-runtime:dev with podman (installs podman, runc and
+# mmdebstrap from Debian's packages if missing); rebuilt only when their inputs change.
+images:
+	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/images/build.sh
+
 # Lint first (seconds), then every test: unit, integration (real Ray, TransferQueue, torch), cluster (real API
-# server) and e2e.
-test: lint testbed
+# server), containers (the images, run by podman) and e2e.
+test: lint testbed images
 	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest
 
 test-unit: install
