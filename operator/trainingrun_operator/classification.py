@@ -17,7 +17,10 @@ verdict):
    of this attempt is older than that                             -> Preempted
    (before then the attempt goes on: a kubelet or network blip; `grace_left` says when to look again)
 3. the RayJob was suspended by someone else (a Kueue-style queue)
-   after the attempt was running                                  -> Preempted
+   after the attempt was running, or after Kueue had admitted it  -> Preempted
+   (an attempt never admitted is not judged here: it waits in the queue, phase Queued; right after admission
+   KubeRay's status may still say Suspended, so an admitted attempt that is not yet running is judged by
+   spec.suspend alone)
 4. the driver's exit code is known (local mode, or parsed from KubeRay's message): 0 succeeded,
    3 / "RestoreFailed:" -> FailedRestore, 4 / "GenerationLost:" (no generation worker came back within
    workerReplacementSeconds) -> Preempted, 5 / "Preempted:" (it saved on the head's notice and stopped)
@@ -107,6 +110,7 @@ class Context:
     now: datetime.datetime
     node_not_ready_seconds: float  # spec.restartPolicy.nodeNotReadySeconds
     running: bool = False  # the attempt reached Running: a missing head or RayJob was lost, not not-yet-made
+    admitted: bool = False  # Kueue admitted the attempt (status.attempt.admitted): a suspend now is a preemption
     restore_error: str | None = None  # status.runtime.restoreError, if that report is this attempt's
     last_report: datetime.datetime | None = None  # status.runtime.updated, if that report is this attempt's
     workers_lost: tuple[str, ...] = ()  # worker pods this attempt lost so far, oldest first (this pass's included)
@@ -318,6 +322,8 @@ def _classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
     job = obs.rayjob
     if job is not None and ctx.running and (job.suspend or job.deployment_status in ("Suspending", "Suspended")):
         return Outcome(FailureClass.PREEMPTED, f"RayJob {job.name} was suspended by a queue")
+    if job is not None and ctx.admitted and job.suspend:
+        return Outcome(FailureClass.PREEMPTED, f"RayJob {job.name} was suspended by a queue after it was admitted")
     if obs.exit_code is not None:
         return _from_exit_code(obs.exit_code, obs.stderr_tail)
     verdict = _from_rayjob(obs)

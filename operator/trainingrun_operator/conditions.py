@@ -6,6 +6,9 @@ keeps lastTransitionTime stable while a condition's status does not change, as `
 A False condition says only which phase the run is in, with one exception: while the run is Restarting, `Running`
 says why the last attempt ended (its failure class as the reason, and the run's message: a stall names the last
 step the driver reported and when), as a Deployment's `Progressing` does with `ProgressDeadlineExceeded`.
+
+`Queued` is there only for a run queued by Kueue (or one whose attempt waits in a queue): True while an attempt
+waits for admission, its message naming the LocalQueue (the run's message), False otherwise.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from trainingrun_operator.phases import Phase
 
 __all__ = ["CONDITION_TYPES", "derive"]
 
-CONDITION_TYPES = ("Running", "CheckpointAvailable", "Succeeded", "Failed", "Suspended")
+CONDITION_TYPES = ("Running", "CheckpointAvailable", "Succeeded", "Failed", "Suspended", "Queued")
 
 
 def _set(
@@ -45,8 +48,10 @@ def derive(
     latest: model.CheckpointRecord | None,
     now: str,
     generation: int,
+    queued: bool = False,
 ) -> list[model.Condition]:
-    """All five conditions for a run in `phase` with newest checkpoint `latest`."""
+    """The conditions of a run in `phase` with newest checkpoint `latest`: five, and `Queued` for a run that
+    `queued` says waits in a queue (its attempts do) or whose phase is Queued."""
     old = {c.type: c for c in previous or []}
     why = reason or phase.value
 
@@ -57,7 +62,7 @@ def derive(
 
     ckpt_message = f"step {latest.step} at {latest.path}" if latest else "no checkpoint recorded yet"
     restarting = phase is Phase.RESTARTING and bool(reason)
-    return [
+    found = [
         _set(old, "Running", False, reason, message, now, generation)
         if restarting
         else state("Running", phase is Phase.RUNNING),
@@ -74,3 +79,6 @@ def derive(
         state("Failed", phase is Phase.FAILED),
         state("Suspended", phase is Phase.SUSPENDED),
     ]
+    if queued or phase is Phase.QUEUED:
+        found.append(state("Queued", phase is Phase.QUEUED))
+    return found

@@ -7,12 +7,16 @@ One pass runs in a fixed order:
 
     terminal? ──> (Failed: delete a leftover RayJob) done
     invalid? ──> Failed/InvalidSpec, naming the field: the caller's `problem` (the object does not parse),
-                 else spec.trainer against the runtime's RuntimeConfig (validation.spec_problem)
+                 else spec.trainer against the runtime's RuntimeConfig (validation.spec_problem), else a queued
+                 run's spec against Kueue's rules for a RayJob (queueing.problem, naming the label)
     fold status.runtime (fenced: only the current attempt's report, until it ends unless it succeeded)
     delete RayJobs of other attempts
     switch on phase:
-      Pending     -> suspended? Suspended : start attempt 1
-      Starting    -> count lost worker pods; classify; running? Running; RayJob missing? create again (409 = adopt)
+      Pending     -> suspended? Suspended : start attempt 1 (a queued run: its RayJob suspended, phase Queued)
+      Queued      -> RayJob missing? create again; classify; unsuspended (Kueue admitted it)? admitted, then as
+                     Starting; else wait for the next RayJob event (no deadline runs, no budget is charged)
+      Starting    -> count lost worker pods; classify; running? Running; RayJob missing? create again (409 = adopt);
+                     suspended before it was ever admitted (a queue's webhook)? Queued
       Running     -> count lost worker pods; classify; ended? charge the budget -> Restarting(reason) | Failed |
                      Succeeded; a head on a NotReady node within its grace? look again when the grace ends;
                      the stall watchdog on? look again when its deadline would pass (`watchdog.py`)
@@ -45,6 +49,7 @@ from trainingrun_operator import (
     patching,
     phases,
     progress,
+    queueing,
     restarts,
     validation,
     watchdog,
@@ -68,6 +73,11 @@ __all__ = [
     "decide",
 ]
 
+QUEUED = "Queued"
+"""The event and the reason of a run whose attempt waits for Kueue's admission."""
+ADMITTED = "Admitted"
+"""The event when Kueue admits a queued attempt."""
+
 MAX_CHECKPOINT_HISTORY = 20
 PREEMPTION_NOTICE = "PreemptionNotice"
 CHECKPOINT_CORRUPT = "CheckpointCorrupt"
@@ -87,6 +97,7 @@ class Inputs:
 
     `problem`: why the object the caller read is invalid, found while parsing it ('<field path>: <what>');
     `spec` is None then (a spec that does not parse). A run with a problem fails unless it already ended.
+    `queue`: the Kueue queue the run's labels name (`queueing.queue_of`); None: attempts start at once.
     """
 
     run: str
@@ -97,6 +108,7 @@ class Inputs:
     observed: AttemptObservation | None
     now: datetime.datetime
     problem: str | None = None
+    queue: queueing.Queue | None = None
 
     def __post_init__(self) -> None:
         if self.spec is None and not self.problem:
@@ -119,6 +131,8 @@ class CreateAttempt:
     resume: int | None
     fallback: tuple[int, ...] = ()
     """Older recorded steps (newest first) the driver resumes from if `resume` fails verification."""
+    queue: queueing.Queue | None = None
+    """The queue the RayJob waits in: created suspended, with Kueue's labels (None: it starts at once)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,10 +404,14 @@ class _Pass:
         )
         if first_identity:
             self.actions.append(EnsureIdentity(identity))  # once per run; after a crash, _recreate_missing redoes it
-        self.actions.append(CreateAttempt(number, name, resume, self.fallback_steps(resume)))
+        queue = self.inputs.queue
+        self.actions.append(CreateAttempt(number, name, resume, self.fallback_steps(resume), queue))
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
         self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
-        self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")
+        if queue is not None:
+            self.enter_queue()
+        else:
+            self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")
 
     def end_attempt(self, reason: str, detail: str) -> None:
         attempt = self.attempt
@@ -474,7 +492,7 @@ class _Pass:
     # -- phases
 
     def suspend(self) -> None:
-        if self.phase in (Phase.STARTING, Phase.RUNNING):
+        if self.phase in (Phase.QUEUED, Phase.STARTING, Phase.RUNNING):
             self.end_attempt("Suspended", "spec.suspend is true")
             self.delete_current_rayjob()
         self.update(next_attempt_time=None)
@@ -487,6 +505,7 @@ class _Pass:
             now=self.inputs.now,
             node_not_ready_seconds=policy.node_not_ready_seconds,
             running=running,
+            admitted=bool(attempt and attempt.admitted),
             restore_error=self.restore_error(),
             last_report=self.last_report(),
             workers_lost=tuple(attempt.lost_worker_pods or ()) if attempt else (),
@@ -502,10 +521,13 @@ class _Pass:
             left = grace_left(self.observed, context)
             if left is not None:
                 self.wait(left)  # a head's NotReady node: look again when its grace ends, even without an event
+            job = self.observed.rayjob
             if not running and self._looks_running():
                 self._mark_running()
-            elif not running and self.observed.rayjob is None and self.observed.backend == "kuberay":
+            elif not running and job is None and self.observed.backend == "kuberay":
                 self._recreate_missing()
+            elif not running and job is not None and job.suspend and not (self.attempt and self.attempt.admitted):
+                self.enter_queue()  # suspended before it ever ran: a queue (a webhook's default queue) holds it
             self._watch_for_stalls()
         elif outcome.succeeded:
             self.succeed(outcome.detail)
@@ -544,12 +566,68 @@ class _Pass:
         if attempt is None or attempt.ray_job_name is None:
             return
         identity = naming.identity_name(self.inputs.run)
+        queue = self.inputs.queue
         self.actions += [
             EnsureIdentity(identity),
             CreateAttempt(
-                attempt.number, attempt.ray_job_name, attempt.resumed_from, self.fallback_steps(attempt.resumed_from)
+                attempt.number,
+                attempt.ray_job_name,
+                attempt.resumed_from,
+                self.fallback_steps(attempt.resumed_from),
+                queue,
             ),
         ]
+        if queue is not None and self.phase is Phase.STARTING:
+            # Created again, suspended: it waits for admission again (nothing of it ran: it never reached Running).
+            self.update(attempt=attempt.model_copy(update={"admitted": None}))
+            self.enter_queue()
+
+    # -- queueing (Kueue)
+
+    def enter_queue(self) -> None:
+        """The current attempt waits for admission: phase Queued, its message naming the queue."""
+        attempt = self.attempt
+        number = attempt.number if attempt else 0
+        name = attempt.ray_job_name if attempt else "?"
+        queue = self.inputs.queue
+        if queue is not None:
+            where = f"LocalQueue {queue.name} ({queueing.QUEUE_LABEL})"
+            if queue.priority_class:
+                where += f", priority class {queue.priority_class}"
+        else:
+            where = f"a queue that suspended it (the run has no {queueing.QUEUE_LABEL} label)"
+        message = f"attempt {number} (RayJob {name}) waits for Kueue to admit it in {where}"
+        if self.phase is not Phase.QUEUED:
+            self.emit("Normal", QUEUED, message)
+        self.move(Phase.QUEUED, QUEUED, message)
+
+    def on_queued(self) -> None:
+        """Queued: wait for Kueue to unsuspend the RayJob; nothing runs, so no deadline applies and nothing is
+        charged. The RayJob's events (admission is one) wake the run."""
+        obs = self.observed
+        job = obs.rayjob
+        if job is None and obs.backend == "kuberay":
+            self._recreate_missing()
+            return
+        outcome = classify(obs, self.context(running=False))
+        if outcome is not None:
+            self.succeed(outcome.detail) if outcome.succeeded else self.attempt_failed(outcome)
+            return
+        if job is not None and not job.suspend:
+            self._admit()
+            self.on_active()
+
+    def _admit(self) -> None:
+        attempt = self.attempt
+        if attempt is None:
+            return
+        self.update(attempt=attempt.model_copy(update={"admitted": self.now}))
+        waited = ""
+        started = _parse(attempt.start)
+        if started is not None:
+            waited = f" after {max(0.0, (self.inputs.now - started).total_seconds()):.0f}s in the queue"
+        self.emit("Normal", ADMITTED, f"attempt {attempt.number} (RayJob {attempt.ray_job_name}) admitted{waited}")
+        self.move(Phase.STARTING, ADMITTED, f"attempt {attempt.number} admitted; starting")
 
     def on_waiting(self) -> None:
         """Restarting or Suspended(unsuspended): start the next attempt once the old pods are gone."""
@@ -565,6 +643,13 @@ class _Pass:
         self.start_attempt()
 
 
+def _parse(text: str | None) -> datetime.datetime | None:
+    try:
+        return timestamps.parse(text) if text else None
+    except ValueError:
+        return None
+
+
 def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
     inputs = p.inputs
     phases.check_transition(Phase(old.phase or Phase.PENDING.value), p.phase)
@@ -575,7 +660,14 @@ def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
         message=p.message or None,
         observed_generation=inputs.generation,
         conditions=conditions.derive(
-            old.conditions, p.phase, p.reason, p.message, book.latest if book else None, p.now, inputs.generation
+            old.conditions,
+            p.phase,
+            p.reason,
+            p.message,
+            book.latest if book else None,
+            p.now,
+            inputs.generation,
+            queued=inputs.queue is not None,
         ),
     )
     if inputs.spec is not None:
@@ -593,7 +685,7 @@ def decide(inputs: Inputs) -> Decision:
         if p.phase is Phase.FAILED:
             p.delete_current_rayjob()
         return _conditions_and_patch(p, inputs.status)
-    problem = inputs.problem or validation.spec_problem(p.spec)
+    problem = inputs.problem or validation.spec_problem(p.spec) or queueing.problem(p.spec, inputs.queue)
     if problem is not None:
         p.end_attempt("InvalidSpec", problem)
         p.fail("InvalidSpec", problem)
@@ -604,6 +696,8 @@ def decide(inputs: Inputs) -> Decision:
     suspend = p.spec.suspend
     if p.phase is Phase.PENDING:
         p.suspend() if suspend else p.on_waiting()
+    elif p.phase is Phase.QUEUED:
+        p.suspend() if suspend else p.on_queued()
     elif p.phase in (Phase.STARTING, Phase.RUNNING):
         p.suspend() if suspend else p.on_active()
     elif p.phase is Phase.RESTARTING:

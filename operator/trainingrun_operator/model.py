@@ -66,7 +66,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainingRun"
 PLURAL = "trainingruns"
 
-Phase = Literal["Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
@@ -329,6 +329,8 @@ class AttemptRecord(_Wire):
     number: int = Field(ge=1)
     ray_job_name: str | None = None
     start: str | None = None
+    admitted: str | None = None
+    """When Kueue admitted the attempt (unsuspended its RayJob); None: not queued, or still waiting."""
     running_since: str | None = None
     """When the attempt reached Running; the stall watchdog's start-up bound counts from here."""
     end: str | None = None
@@ -408,6 +410,7 @@ class ObjectMeta(BaseModel):
     uid: str | None = None
     generation: int | None = None
     creation_timestamp: str | None = None
+    labels: dict[str, str] | None = None
 
 
 class TrainingRun(_Wire):

@@ -1,14 +1,20 @@
 """Phases of a TrainingRun and the transitions between them. Pure; the decision core checks every change here.
 
     Pending ──> Starting ──> Running ──> Succeeded
-       │           │ ▲          │
-       │           │ │          │  attempt ended (Preempted, ApplicationFailure,
-       │           ▼ │          ▼  InfrastructureFailure, FailedRestore)
-       │        Restarting <────┘
-       │           │
+       │    ▲      │ ▲          │
+       │    │      │ │          │  attempt ended (Preempted, ApplicationFailure,
+       │  Queued   ▼ │          ▼  InfrastructureFailure, FailedRestore)
+       │    ▲   Restarting <────┘
+       │    └──────┤
        ├───────────┴──> Failed            (budget exhausted, permanent error, invalid spec)
        │
-       └──> Suspended <──> (any non-terminal phase; leaving it starts a new attempt via Starting)
+       └──> Suspended <──> (any non-terminal phase; leaving it starts a new attempt via Starting or Queued)
+
+Queued: a run labelled with a Kueue queue (`queueing.py`) starts each attempt here instead of in Starting; its
+RayJob exists, suspended, and waits for Kueue to admit it (no pods, no deadline, no budget charged). Admitted (the
+RayJob unsuspended) -> Starting, or Running at once if the cluster already runs. A RayJob suspended by someone else
+before it was ever admitted (a queue that manages unlabelled RayJobs) moves Starting back to Queued; one suspended
+after it was admitted is a preemption (Restarting).
 
 Succeeded and Failed are terminal. `Restarting` always carries a reason (the failure class of the attempt
 that ended) in `status.reason`.
@@ -27,6 +33,7 @@ class Phase(str, enum.Enum):
     """The TrainingRun's phase (`status.phase`)."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"
     STARTING = "Starting"
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -38,11 +45,16 @@ class Phase(str, enum.Enum):
 TERMINAL: frozenset[Phase] = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.PENDING: frozenset({Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
-    Phase.STARTING: frozenset({Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
+    Phase.PENDING: frozenset({Phase.QUEUED, Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
+    Phase.QUEUED: frozenset(
+        {Phase.STARTING, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
+    ),
+    Phase.STARTING: frozenset(
+        {Phase.QUEUED, Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}
+    ),
     Phase.RUNNING: frozenset({Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED}),
-    Phase.RESTARTING: frozenset({Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
-    Phase.SUSPENDED: frozenset({Phase.STARTING, Phase.FAILED}),
+    Phase.RESTARTING: frozenset({Phase.QUEUED, Phase.STARTING, Phase.SUSPENDED, Phase.FAILED}),
+    Phase.SUSPENDED: frozenset({Phase.QUEUED, Phase.STARTING, Phase.FAILED}),
     Phase.SUCCEEDED: frozenset(),
     Phase.FAILED: frozenset(),
 }

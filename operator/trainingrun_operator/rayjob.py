@@ -2,7 +2,8 @@
 
 Called by `handlers.py` when the decision core asks for `CreateAttempt`. The shape (KubeRay v1.5.0, ray.io/v1):
 
-    RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt
+    RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt (and a queued run's Kueue labels, `queueing.py`)
+      spec.suspend               true for a queued run: Kueue unsuspends it when it admits it (as its webhook would)
       spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
                                  --run-uid UID [--fallback S,S (older recorded steps, if the pinned one is bad)]
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
@@ -30,7 +31,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from trainingrun_operator import model, naming, podtemplate, validation
+from trainingrun_operator import model, naming, podtemplate, queueing, validation
 from trainingrun_runtime.config import GENERATION_RESOURCE
 
 __all__ = [
@@ -185,9 +186,11 @@ def build_rayjob(
     resume: int | None,
     spec: model.TrainingRunSpec,
     fallback: Sequence[int] = (),
+    queue: queueing.Queue | None = None,
 ) -> dict[str, Any]:
     """The RayJob for attempt `attempt` of TrainingRun `run` (uid `uid`), resuming from `resume` (or, if that
-    fails verification, the newest of `fallback` that verifies)."""
+    fails verification, the newest of `fallback` that verifies); with a `queue`, created suspended in it (the
+    queue's labels on the RayJob only, not on its pods)."""
     labels = naming.attempt_labels(run, attempt)
     head = spec.ray.head
     head_params = {"dashboard-host": "0.0.0.0", **(head.ray_start_params or {})}
@@ -211,20 +214,23 @@ def build_rayjob(
     ]
     if workers:
         cluster["workerGroupSpecs"] = workers
+    job_spec: dict[str, Any] = {
+        "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback),
+        "submissionMode": "HTTPMode",
+        "backoffLimit": 0,
+        "shutdownAfterJobFinishes": True,  # also one of Kueue's rules for a RayJob it manages
+        "rayClusterSpec": cluster,
+    }
+    if queue is not None:
+        job_spec["suspend"] = True
     return {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": "RayJob",
         "metadata": {
             "name": naming.rayjob_name(run, attempt),
             "namespace": namespace,
-            "labels": labels,
+            "labels": {**labels, **queueing.rayjob_labels(queue)},
             "ownerReferences": [owner_reference(run, uid)],
         },
-        "spec": {
-            "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback),
-            "submissionMode": "HTTPMode",
-            "backoffLimit": 0,
-            "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": cluster,
-        },
+        "spec": job_spec,
     }

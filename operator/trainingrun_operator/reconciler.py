@@ -36,6 +36,7 @@ from trainingrun_operator import (
     model,
     naming,
     observation,
+    queueing,
     rayjob,
     validation,
     wakeups,
@@ -161,7 +162,9 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
         )
     elif isinstance(action, decision.CreateAttempt):
         assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
-        body = rayjob.build_rayjob(meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback)
+        body = rayjob.build_rayjob(
+            meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback, action.queue
+        )
         try:
             created = await api.create_rayjob(body)
         except errors.ApiError as exc:
@@ -225,6 +228,7 @@ async def reconcile(
             observed=observed,
             now=now,
             problem=run.problem,
+            queue=queueing.queue_of(run.meta.labels),
         )
     )
     await _apply(api, obj, run, result)

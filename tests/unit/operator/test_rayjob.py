@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from support import templates
-from trainingrun_operator import identity, model, rayjob
+from trainingrun_operator import identity, model, queueing, rayjob
 from trainingrun_runtime.config import RuntimeConfig
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -286,3 +286,28 @@ def test_a_worker_group_without_a_grace_period_leaves_kubernetes_default() -> No
     assert (
         "terminationGracePeriodSeconds" not in body["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
     )
+
+
+def test_a_queued_runs_rayjob_is_created_suspended_with_kueues_labels_on_the_rayjob_only(
+    kuberay_rayjob_crd: dict[str, Any], openapi_to_jsonschema: Callable[..., Any]
+) -> None:
+    queue = queueing.Queue("team-a", "high")
+    job = rayjob.build_rayjob("demo", "ns", "uid-1", 2, None, spec_of("cluster.yaml"), (), queue)
+    rayjob_validator(kuberay_rayjob_crd, openapi_to_jsonschema).validate(job)
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"][queueing.QUEUE_LABEL] == "team-a"
+    assert job["metadata"]["labels"][queueing.PRIORITY_CLASS_LABEL] == "high"
+    cluster = job["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    assert all(queueing.QUEUE_LABEL not in p["metadata"]["labels"] for p in pods), "pods are not Kueue jobs"
+    # Kueue's rules for a RayJob it manages (its RayJob webhook, v0.17.0):
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
+    assert "clusterSelector" not in job["spec"] and "enableInTreeAutoscaling" not in cluster
+    assert job["spec"]["submissionMode"] == "HTTPMode", "no submitter pod set"
+    assert len(cluster["workerGroupSpecs"]) <= queueing.MAX_WORKER_GROUPS
+
+
+def test_an_unqueued_runs_rayjob_is_not_suspended_and_has_no_kueue_labels() -> None:
+    job = rayjob.build_rayjob("demo", "ns", "uid-1", 1, None, spec_of("tiny.yaml"))
+    assert "suspend" not in job["spec"]
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in job["metadata"]["labels"])
