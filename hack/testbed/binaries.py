@@ -89,6 +89,38 @@ class Binaries:
         return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
 
 
+@dataclass(frozen=True)
+class Kueue:
+    """The Kueue controller `make testbed` built (its own directory, `kueue-<KUEUE_VERSION>`, beside the pin set's)
+    and its module (CRDs in config/components/crd/bases)."""
+
+    binary: Path
+    module_dir: Path
+    version: str
+
+    @property
+    def crd_paths(self) -> list[Path]:
+        return sorted((self.module_dir / "config" / "components" / "crd" / "bases").glob("*.yaml"))
+
+    @classmethod
+    def locate(cls, cache: Path | None = None) -> Kueue:
+        """Finds the pinned Kueue in the cache, or raises MissingBinaries saying what to run."""
+        version = read_env_file(PINS_FILE)["KUEUE_VERSION"]
+        directory = (cache or default_cache()) / "bin" / f"kueue-{version}"
+        missing = [n for n in ("kueue", "paths.env") if not (directory / n).is_file()]
+        if missing:
+            raise errors.MissingBinaries(
+                f"Kueue {version} missing in {directory}: {', '.join(missing)}. "
+                "Run `make testbed` (or `bash hack/testbed/build.sh`; about 7 min for Kueue on a cold cache)."
+            )
+        module = Path(read_env_file(directory / "paths.env")["KUEUE_MODULE_DIR"])
+        if not (module / "config" / "components" / "crd" / "bases").is_dir():
+            raise errors.MissingBinaries(
+                f"Kueue module not found at {module} (module cache cleaned?). Run `make testbed`."
+            )
+        return cls(binary=directory / "kueue", module_dir=module, version=version)
+
+
 def default_crd_paths(binaries: Binaries) -> list[Path]:
     """Ours (every YAML in manifests/crd/) and KubeRay's three CRDs from its module."""
     ours = sorted((REPO_ROOT / "manifests" / "crd").glob("*.yaml"))

@@ -5,7 +5,8 @@
 #
 # Output: ${TESTBED_CACHE:-$HOME/.cache/trainingrun}/bin/<pin set>/ with kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kuberay-operator, helm, and paths.env
-# (KUBERAY_MODULE_DIR etc., read by hack/testbed/binaries.py). A binary that is already there is
+# (KUBERAY_MODULE_DIR etc., read by hack/testbed/binaries.py); and bin/kueue-<version>/ with kueue and its own
+# paths.env (KUEUE_MODULE_DIR: Kueue's CRDs). A binary that is already there is
 # not rebuilt; each one is written under a temporary name and renamed, so an interrupted build never
 # leaves a half-written binary that counts as built. Go's module and build caches live under the same
 # cache directory, so nothing built lands in the repository.
@@ -150,6 +151,26 @@ install_one kuberay-operator github.com/ray-project/kuberay/ray-operator "$KUBER
 install_one helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 
+# --- Kueue: its own directory, kueue-<version>, outside the pin set's (adding it rebuilt nothing) -------------
+KUEUE_BIN="$CACHE/bin/kueue-$KUEUE_VERSION"
+mkdir -p "$KUEUE_BIN"
+if [[ -x "$KUEUE_BIN/kueue" ]]; then
+    log "kueue: already built"
+else
+    current="kueue (sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION)"
+    log "building kueue (about 7 min on a cold cache, 2 cores)"
+    rm -rf "$KUEUE_BIN/.gobin"; mkdir -p "$KUEUE_BIN/.gobin"
+    (cd "$CACHE" && GOBIN="$KUEUE_BIN/.gobin" "$GO" install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION")
+    mv -f "$KUEUE_BIN/.gobin/kueue" "$KUEUE_BIN/kueue"
+    rm -rf "$KUEUE_BIN/.gobin"
+fi
+current="kueue paths.env (module location)"
+kueue_dir="$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")"
+[[ -d "$kueue_dir/config/components/crd/bases" ]] || { echo "Kueue CRDs not found under $kueue_dir" >&2; false; }
+printf '# Written by hack/testbed/build.sh. Read by hack/testbed/binaries.py.\nKUEUE_VERSION=%s\nKUEUE_MODULE_DIR=%s\n' \
+    "$KUEUE_VERSION" "$kueue_dir" >"$KUEUE_BIN/.paths.env.tmp"
+mv -f "$KUEUE_BIN/.paths.env.tmp" "$KUEUE_BIN/paths.env"
+
 # --- paths.env: where the tests find the modules whose files they use (never copied into the repo) ------
 current="paths.env (module locations)"
 kuberay_dir="$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")"
@@ -168,4 +189,4 @@ EOF
 mv -f "$BIN/.paths.env.tmp" "$BIN/paths.env"
 
 trap - ERR
-log "done in $(( $(date +%s) - started ))s: $(cd "$BIN" && ls | tr '\n' ' ')"
+log "done in $(( $(date +%s) - started ))s: $(cd "$BIN" && ls | tr '\n' ' ')kueue-$KUEUE_VERSION/kueue"

@@ -398,14 +398,21 @@ class ControlPlane:
         return names
 
     def spawn(
-        self, name: str, binary: str, args: list[str], *, env: dict[str, str] | None = None
+        self,
+        name: str,
+        binary: str,
+        args: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        command: Sequence[str] | None = None,
     ) -> components.Process:
         """Starts one of the pinned binaries in its own process group, appending to `<workdir>/<name>.log`; it is
-        stopped with the control plane (newest first), and its death fails any later readiness wait."""
+        stopped with the control plane (newest first), and its death fails any later readiness wait. `command`:
+        the whole command line instead (a binary outside the pin set, or one wrapped in another command)."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
-                [str(self.binaries.path(binary)), *args],
+                list(command) if command is not None else [str(self.binaries.path(binary)), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
