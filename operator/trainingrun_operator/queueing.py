@@ -59,8 +59,8 @@ def queue_of(labels: Mapping[str, str] | None) -> Queue | None:
     """The run's queue from its labels; None when it names none (its attempts start at once)."""
     labels = labels or {}
     name = labels.get(QUEUE_LABEL)
-    if name is None:
-        return None
+    if not name:
+        return None  # Kueue too: an empty queue name is no queue
     return Queue(name=name, priority_class=labels.get(PRIORITY_CLASS_LABEL) or None)
 
 

@@ -54,6 +54,8 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
         "Deployment",
         "NetworkPolicy",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
