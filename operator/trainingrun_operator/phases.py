@@ -1,12 +1,12 @@
 """Phases of a TrainingRun and the transitions between them. Pure; the decision core checks every change here.
 
-    Pending ──> Starting ──> Running ──> Succeeded
-       │    ▲      │ ▲          │
-       │    │      │ │          │  attempt ended (Preempted, ApplicationFailure,
-       │  Queued   ▼ │          ▼  InfrastructureFailure, FailedRestore)
-       │    ▲   Restarting <────┘
-       │    └──────┤
-       ├───────────┴──> Failed            (budget exhausted, permanent error, invalid spec)
+    Pending ──┬─────────────────> Starting ──> Running ──> Succeeded
+       │      │                    ▲   │ ▲         │
+       │      └──> Queued ─────────┘   │ │         │  attempt ended (Preempted, ApplicationFailure,
+       │             ▲    (admitted)   ▼ │         ▼  InfrastructureFailure, FailedRestore, Stalled)
+       │             └────────────── Restarting <──┘
+       │                                │
+       ├────────────────────────────────┴──> Failed   (budget exhausted, permanent error, invalid spec)
        │
        └──> Suspended <──> (any non-terminal phase; leaving it starts a new attempt via Starting or Queued)
 
