@@ -157,10 +157,19 @@ class KueueController:
                 raise errors.TestbedError(f"kueue not ready after {timeout:.0f}s ({url}):\n{self.log_tail(40)}")
             time.sleep(0.2)
 
-    def queue(self, namespace: str, name: str, quota: dict[str, str], *, cluster_queue: str | None = None) -> None:
+    def queue(
+        self,
+        namespace: str,
+        name: str,
+        quota: dict[str, str],
+        *,
+        cluster_queue: str | None = None,
+        preempt_lower_priority: bool = False,
+    ) -> None:
         """A ResourceFlavor `default`, a ClusterQueue (`cluster_queue`, default `<namespace>-cq`) whose nominal
         quota is `quota` (resource -> quantity, every resource a pod asks for), and LocalQueue `name` in
-        `namespace` pointing at it. No preemption, no cohort."""
+        `namespace` pointing at it. No cohort; no preemption unless `preempt_lower_priority` (then a workload may
+        evict a lower-priority one of the same ClusterQueue)."""
         cq = cluster_queue or f"{namespace}-cq"
         flavor = {"apiVersion": API, "kind": "ResourceFlavor", "metadata": {"name": "default"}}
         resources = [{"name": resource, "nominalQuota": amount} for resource, amount in sorted(quota.items())]
@@ -175,6 +184,8 @@ class KueueController:
                 ],
             },
         }
+        if preempt_lower_priority:
+            clusterqueue["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
         localqueue = {
             "apiVersion": API,
             "kind": "LocalQueue",

@@ -11,6 +11,10 @@ the test's namespace, a WorkloadPriorityClass:
 - the first run succeeds (its RayJob Complete: Kueue finishes its Workload and frees the quota): Kueue admits the
   second, which starts and runs.
 
+With preemption within the ClusterQueue on, a run of a higher WorkloadPriorityClass makes Kueue evict a running
+lower-priority one (it suspends its RayJob): that run's attempt ends as Preempted (the preemption budget), its next
+attempt waits in the queue, and the higher-priority run is admitted.
+
 test_operator_queueing.py covers the rest (preemption, suspension, Kueue's rules) with the test playing Kueue.
 """
 
@@ -33,15 +37,16 @@ LABELS = {"kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class"
 def kueue(control_plane: Any) -> Iterator[kueue_bed.KueueController]:
     controller = kueue_bed.KueueController(control_plane).start()
     controller.priority_class("batch-high", 1000)
+    controller.priority_class("batch-low", 100)
     try:
         yield controller
     finally:
         controller.stop()  # while it runs, it would suspend again what test_operator_queueing's "Kueue" unsuspends
 
 
-def queued_run(name: str) -> dict[str, Any]:
+def queued_run(name: str, priority: str = "batch-high") -> dict[str, Any]:
     doc = tiny_run(name)
-    doc["metadata"]["labels"] = dict(LABELS)
+    doc["metadata"]["labels"] = {**LABELS, "kueue.x-k8s.io/priority-class": priority}
     return doc
 
 
@@ -61,6 +66,12 @@ def quota_refused(cluster: Cluster, rayjob: str) -> dict[str, Any] | None:
         if cond["type"] == "QuotaReserved" and cond["status"] == "False" and cond["reason"] == "Pending":
             return workload
     return None
+
+
+def attempt_in(cluster: Cluster, run: str, number: int, phase: str) -> dict[str, Any] | None:
+    """The run's status once its attempt `number` is in `phase`."""
+    status = cluster.status(run)
+    return status if (status.get("attempt") or {}).get("number") == number and status.get("phase") == phase else None
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -102,3 +113,27 @@ def test_kueue_admits_one_queued_run_within_the_quota_and_the_next_once_the_firs
     kuberay.start("second-a1")
     status = eventually(lambda: phase_is(cluster, "second", "Running"), what="second Running")
     assert status["restarts"]["total"] == 0 and not status.get("consecutiveFailures"), "the wait cost nothing"
+
+
+def test_kueue_preempting_a_running_lower_priority_run_is_a_preemption_and_its_next_attempt_queues_again(
+    kueue: kueue_bed.KueueController, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
+) -> None:
+    kueue.queue(cluster.namespace, "team-a", {"cpu": "3", "memory": "6Gi"}, preempt_lower_priority=True)
+    cluster.apply_run(queued_run("low", priority="batch-low"))
+    eventually(lambda: phase_is(cluster, "low", "Starting"), what=f"Kueue admits low\n{kueue.log_tail()}")
+    kuberay.start("low-a1")
+    eventually(lambda: phase_is(cluster, "low", "Running"), what="low Running")
+
+    cluster.apply_run(queued_run("high", priority="batch-high"))
+    status = eventually(
+        lambda: attempt_in(cluster, "low", 2, "Queued"),
+        what=f"low preempted by Kueue, attempt 2 queued\n{kueue.log_tail()}",
+    )
+    first = status["attempts"][0]
+    assert first["reason"] == "Preempted" and "suspended by a queue" in first["message"], first
+    assert status["restarts"]["preempted"] == 1 and status["restarts"]["total"] == 1
+    assert not status.get("consecutiveFailures"), "a preemption is not a failure"
+    assert condition(status, "Queued")["status"] == "True"
+    eventually(lambda: phase_is(cluster, "high", "Starting"), what=f"Kueue admits high\n{kueue.log_tail()}")
+    job = cluster.rayjob("low-a2")
+    assert job is not None and job["spec"]["suspend"] is True, "low's next attempt waits for the quota"
