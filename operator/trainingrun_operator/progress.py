@@ -176,7 +176,8 @@ def _span(start: str | None, end: str | None) -> str:
 _HEADER = ("ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST")
 
 
-def _row(record: model.AttemptRecord) -> tuple[str, ...]:
+def _row(record: model.AttemptRecord, queued: bool = False) -> tuple[str, ...]:
+    """One attempt's cells; the current one ran (or waits in a queue, `queued`) until now."""
     running = record.end is None
 
     def shown(value: int | str | None) -> str:
@@ -185,7 +186,7 @@ def _row(record: model.AttemptRecord) -> tuple[str, ...]:
     return (
         str(record.number),
         shown(record.start),
-        "running" if running else _span(record.start, record.end),
+        ("queued" if queued else "running") if running else _span(record.start, record.end),
         shown(record.resumed_from) if record.resumed_from is not None else "fresh",
         "-" if running else shown(record.reason),
         "-" if running else shown(record.steps_lost),
@@ -201,6 +202,7 @@ def attempt_table(status: model.TrainingRunStatus) -> list[str]:
         records.append(current)
     if not records:
         return []
-    rows = [_HEADER, *(_row(r) for r in records[-(MAX_TABLE_LINES - 1) :])]
+    queued = status.phase == Phase.QUEUED.value
+    rows = [_HEADER, *(_row(r, queued and r is current) for r in records[-(MAX_TABLE_LINES - 1) :])]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]

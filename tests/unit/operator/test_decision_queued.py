@@ -121,6 +121,7 @@ def test_a_queued_run_creates_its_first_attempt_in_the_queue_and_says_so() -> No
     assert queued["status"] == "True" and "LocalQueue team-a" in queued["message"]
     assert store.condition("Running")["status"] == "False"
     assert events(result) == ["AttemptStarted", "Queued"]
+    assert store.status["attemptTable"][1].split()[2] == "queued", "kubectl describe says it waits, not runs"
 
 
 def test_a_run_without_a_queue_has_no_queued_condition_and_starts_at_once() -> None:
@@ -163,6 +164,7 @@ def test_admission_moves_the_run_to_starting_and_records_when() -> None:
     assert any("after 90s in the queue" in a.message for a in result.actions if isinstance(a, Event))
     assert store.condition("Queued")["status"] == "False"
     assert no_charge(store.status)
+    assert store.status["attemptTable"][1].split()[2] == "running"
 
 
 def test_an_attempt_admitted_and_already_running_goes_straight_to_running() -> None:
