@@ -1,7 +1,9 @@
 """Queueing with the real Kueue controller (sigs.k8s.io/kueue at the pinned KUEUE_VERSION, built by `make testbed`;
 hack/testbed/kueue.py: the RayJob integration only, webhooks and leader election off) against the real API server,
-with the operator in-process and KubeRay played by the double of test_operator_double.py (Kueue reads a RayJob's pod
-sets from its spec and its progress from its status, both of which the double writes as KubeRay would).
+with the operator in-process and KubeRay played by the double of test_operator_double.py. Kueue reads a RayJob's pod
+sets from its spec and its progress from its status (Running, Complete), which the double writes as KubeRay does.
+Unlike KubeRay, the double leaves a suspended RayJob's status empty (New) instead of walking it to Suspended; Kueue
+treats both alike (not active), and the decision's unit tests walk KubeRay's states.
 
 A ClusterQueue whose quota (3 CPUs, 6Gi) fits one tiny run's head (2 CPUs, 4Gi) and not two, a LocalQueue team-a in
 the test's namespace, a WorkloadPriorityClass:

@@ -145,6 +145,21 @@ def test_a_long_wait_in_the_queue_charges_nothing_and_sets_no_deadline() -> None
     assert "end" not in store.status["attempt"]
 
 
+def test_kuberays_own_walk_of_a_suspended_rayjob_keeps_the_run_queued_and_its_walk_after_admission_starts_it() -> None:
+    """KubeRay 1.5 takes a RayJob created suspended through Initializing and Suspending to Suspended (the cluster it
+    never made, deleted); once unsuspended, from Suspended through New and Initializing to Running."""
+    store = Store()
+    store.decide()
+    for deployment in ("", "Initializing", "Suspending", "Suspended"):
+        store.decide(waiting(1, deployment))
+        assert store.phase == "Queued", deployment
+    for deployment in ("Suspended", "", "Initializing"):
+        store.decide(admitted(1, deployment))
+        assert store.phase == "Starting", deployment
+    store.decide(running(1))
+    assert store.phase == "Running" and no_charge(store.status)
+
+
 def test_a_queued_attempts_missing_rayjob_is_created_again_in_the_queue() -> None:
     store = Store()
     store.decide()
