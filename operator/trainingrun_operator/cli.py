@@ -1,7 +1,8 @@
 """The `trainingrun` command.
 
-    trainingrun operator [--namespace NS ...] [--liveness URL] [--peering NAME] [--kubeconfig FILE]
-        the operator (kopf), as the chart's Deployment runs it
+    trainingrun operator [--namespace NS ...] [--liveness URL] [--metrics-address HOST:PORT] [--peering NAME]
+                         [--kubeconfig FILE]
+        the operator (kopf), as the chart's Deployment runs it; /metrics on its own port (metrics.py)
     trainingrun run FILE [--root DIR] [--chaos]
         one TrainingRun on this machine, without Kubernetes (local.py), same decision core
 
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from trainingrun_operator import errors
 
 if TYPE_CHECKING:
-    from trainingrun_operator import apiclient
+    from trainingrun_operator import apiclient, metrics
 
 __all__ = ["main", "operate"]
 
@@ -47,8 +48,14 @@ async def operate(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
     resync_seconds: float | None = None,
+    metrics_address: str | None = None,
+    exporter: metrics.Exporter | None = None,
 ) -> None:
-    """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this)."""
+    """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this).
+
+    `metrics_address` (HOST:PORT, port 0: any free one): where /metrics is served, None: nowhere; `exporter`: the
+    metrics object to use (its `.port` once started), else a new one.
+    """
     from trainingrun_operator import handlers
 
     await handlers.run(
@@ -60,11 +67,19 @@ async def operate(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         resync_seconds=resync_seconds,
+        metrics_address=metrics_address,
+        exporter=exporter,
     )
 
 
 def _operator_command(args: argparse.Namespace) -> int:
-    from trainingrun_operator import apiclient
+    from trainingrun_operator import apiclient, metrics
+
+    if args.metrics_address:
+        try:
+            metrics.parse_address(args.metrics_address)
+        except ValueError as exc:
+            raise errors.InvalidInput(f"--metrics-address: {exc}") from None
 
     namespaces = list(args.namespace or [])
     if not namespaces and os.environ.get("WATCH_NAMESPACES"):
@@ -72,7 +87,14 @@ def _operator_command(args: argparse.Namespace) -> int:
     api = apiclient.Api(apiclient.load_configuration(args.kubeconfig, args.context))
     try:
         asyncio.run(
-            operate(api, namespaces=namespaces, liveness=args.liveness, peering=args.peering, priority=args.priority)
+            operate(
+                api,
+                namespaces=namespaces,
+                liveness=args.liveness,
+                peering=args.peering,
+                priority=args.priority,
+                metrics_address=args.metrics_address or None,
+            )
         )
     finally:
         api.close()
@@ -101,6 +123,11 @@ def _parser() -> argparse.ArgumentParser:
         "--namespace", "-n", action="append", help="watch only this namespace (repeatable; env WATCH_NAMESPACES)"
     )
     op.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    op.add_argument(
+        "--metrics-address",
+        default="0.0.0.0:8081",
+        help="where /metrics is served (HOST:PORT; empty: nowhere)",
+    )
     op.add_argument("--peering", default=None, help="kopf peering name: one active replica among those sharing it")
     op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
     op.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")

@@ -3,7 +3,9 @@
 Each handler is thin: it gathers, calls the kopf-free `reconciler` (which calls the pure `decision`), and maps
 our errors onto kopf's. Triggers:
 
-    startup             settings: our finalizer and annotation prefix, no kopf events, watch timeouts
+    startup             settings: our finalizer and annotation prefix, no kopf events, watch timeouts;
+                        the metrics server (`metrics.py`) on its own port
+    cleanup             the metrics server stops
     login               credentials from the same Configuration the API calls use (memo.api)
     probe               liveness: how many runs are supervised
     daemon  TrainingRun one supervisor coroutine per run: reconcile, then wait for a wake-up or the requeue
@@ -11,9 +13,10 @@ our errors onto kopf's. Triggers:
     event   RayJob      wake the run named by the RayJob's label (KubeRay status changes)
     event   Pod         remember a disrupted pod or a deleted worker (departures.py), wake the run named by its label
     event   Node        a node NotReady or deleted: wake every run (their pods may sit on it)
-    delete  TrainingRun delete the run's RayJobs, keep the checkpoints, then kopf drops our finalizer
+    delete  TrainingRun delete the run's RayJobs, keep the checkpoints, drop the run's series, then kopf drops
+                        our finalizer
 
-The objects handlers share live in kopf's memo (`Memo`): the Api and the wake-up signals.
+The objects handlers share live in kopf's memo (`Memo`): the Api, the wake-up signals and the metrics.
 """
 
 from __future__ import annotations
@@ -28,7 +31,17 @@ from typing import Any, cast
 
 import kopf
 
-from trainingrun_operator import apiclient, departures, errors, model, naming, observation, reconciler, wakeups
+from trainingrun_operator import (
+    apiclient,
+    departures,
+    errors,
+    metrics,
+    model,
+    naming,
+    observation,
+    reconciler,
+    wakeups,
+)
 
 __all__ = ["FINALIZER", "PREFIX", "Memo", "NoDiffBase", "run"]
 
@@ -50,6 +63,9 @@ class Memo:
     departures: departures.Departures = dataclasses.field(default_factory=departures.Departures)
     clock: reconciler.Clock = reconciler.utc_now
     resync_seconds: float = RESYNC_SECONDS
+    metrics: metrics.Exporter = dataclasses.field(default_factory=metrics.Exporter)
+    metrics_address: str | None = None
+    """Where the metrics server listens (HOST:PORT); None: no server (the Exporter still counts)."""
 
 
 def _memo(memo: Any) -> Memo:
@@ -97,6 +113,19 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 30
 
 
+@kopf.on.startup()
+def serve_metrics(memo: Any, **_: Any) -> None:
+    memo = _memo(memo)
+    if memo.metrics_address:
+        port = memo.metrics.start(memo.metrics_address)
+        logger.info("serving /metrics on %s (port %d)", memo.metrics_address, port)
+
+
+@kopf.on.cleanup()
+def stop_metrics(memo: Any, **_: Any) -> None:
+    _memo(memo).metrics.stop()
+
+
 @kopf.on.login()
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
     config = _memo(memo).api.configuration
@@ -136,7 +165,14 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
         wake.clear()
         try:
             requeue = await reconciler.reconcile(
-                memo.api, namespace, name, memo.clock, memo.departures, memo.wakeups, not_before=due
+                memo.api,
+                namespace,
+                name,
+                memo.clock,
+                memo.departures,
+                memo.wakeups,
+                not_before=due,
+                metrics=memo.metrics,
             )
             failures = 0
         except asyncio.CancelledError:
@@ -182,8 +218,8 @@ async def node_changed(type: str, status: kopf.Status, memo: Any, **_: Any) -> N
 
 
 @kopf.on.delete(model.GROUP, model.VERSION, model.PLURAL)
-async def cleanup(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    """Delete the run's RayJobs; the checkpoint PVC is not the run's, so it stays."""
+async def cleanup(name: str, namespace: str | None, uid: str | None, memo: Any, **_: Any) -> None:
+    """Delete the run's RayJobs; the checkpoint PVC is not the run's, so it stays. The run's series go."""
     memo, namespace = _memo(memo), _ns(namespace)
     try:
         deleted = await reconciler.finalize(memo.api, namespace, name)
@@ -191,6 +227,7 @@ async def cleanup(name: str, namespace: str | None, memo: Any, **_: Any) -> None
         raise kopf.TemporaryError(str(exc), delay=5) from exc
     memo.wakeups.forget(namespace, name)
     memo.departures.forget(namespace, name)
+    memo.metrics.forget(namespace, name, uid)
     logger.info("%s/%s deleted; removed RayJobs %s, kept checkpoints", namespace, name, deleted or "none")
 
 
@@ -204,9 +241,17 @@ async def run(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
     resync_seconds: float | None = None,
+    metrics_address: str | None = None,
+    exporter: metrics.Exporter | None = None,
 ) -> None:
-    """Run kopf with the handlers above until `stop_flag` is set. No namespaces: every namespace."""
-    memo = Memo(api=api)
+    """Run kopf with the handlers above until `stop_flag` is set. No namespaces: every namespace.
+
+    `metrics_address` (HOST:PORT): where /metrics is served, None: nowhere; `exporter`: the metrics to keep (a
+    test reads its port or registry), else a new one.
+    """
+    memo = Memo(api=api, metrics_address=metrics_address)
+    if exporter is not None:
+        memo.metrics = exporter
     if resync_seconds is not None:
         memo.resync_seconds = resync_seconds
     await kopf.operator(

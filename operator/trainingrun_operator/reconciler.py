@@ -10,6 +10,8 @@ Called by `handlers.supervise` (one coroutine per run, so a run is never reconci
     write the status patch ─ identities (attempt number, RayJob and ServiceAccount names) land here first;
                               the driver's identity objects (fixed names) are created alongside
     act: RayJob create (409 = adopt) / delete, then events
+    metrics: once the status is written, the exporter learns what the pass changed (`metrics.py`, `figures.py`);
+             every pass's duration, failed or not, less the wait for the moment it was asked for
 
 A crash anywhere leaves either the old status (the next pass decides again) or the new status with names
 whose objects may be missing (the next pass creates them under the same names). Nothing is created twice.
@@ -23,7 +25,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -41,6 +43,9 @@ from trainingrun_operator import (
     validation,
     wakeups,
 )
+
+if TYPE_CHECKING:
+    from trainingrun_operator import metrics as metrics_
 
 __all__ = ["Clock", "Snapshot", "finalize", "gather", "observe", "read", "reconcile", "utc_now"]
 
@@ -199,6 +204,7 @@ async def reconcile(
     signals: wakeups.Wakeups | None = None,
     *,
     not_before: float | None = None,
+    metrics: metrics_.Exporter | None = None,
 ) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events).
 
@@ -208,15 +214,35 @@ async def reconcile(
     `not_before` (time.monotonic()): the moment the caller asked this pass for; a pass that has done its reads
     less than `READ_AHEAD_LIMIT` before it waits for it before deciding (reads a few tens of milliseconds old,
     as in any pass), so that a backoff ends on time; a pass further ahead (woken by an event) decides at once.
+    `metrics` learns what the pass changed once the status is written, and how long the pass took.
     """
-    obj, jobs, pods = await gather(api, namespace, name)
-    if obj is not None and signals is not None:
-        signals.saw(namespace, name, obj)
-    if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
-        return None
-    run = read(obj)
-    observed = await observe(api, namespace, name, run.status, jobs, pods, memory)
-    await _wait_until(not_before)
+    began, waited = time.monotonic(), 0.0
+    try:
+        obj, jobs, pods = await gather(api, namespace, name)
+        if obj is not None and signals is not None:
+            signals.saw(namespace, name, obj)
+        if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+            return None
+        run = read(obj)
+        observed = await observe(api, namespace, name, run.status, jobs, pods, memory)
+        waited = await _wait_until(not_before)
+        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics)
+    finally:
+        if metrics is not None:
+            metrics.reconciled(time.monotonic() - began - waited)
+
+
+async def _decide_and_apply(
+    api: apiclient.Api,
+    namespace: str,
+    name: str,
+    obj: Mapping[str, Any],
+    run: Snapshot,
+    observed: observation.AttemptObservation,
+    clock: Clock,
+    metrics: metrics_.Exporter | None,
+) -> float | None:
+    """The rest of `reconcile` once the reads are done: decide, write, act; the metrics after the write."""
     now, decided = clock(), time.monotonic()
     result = decision.decide(
         decision.Inputs(
@@ -231,37 +257,55 @@ async def reconcile(
             queue=queueing.queue_of(run.meta.labels),
         )
     )
-    await _apply(api, obj, run, result)
+
+    def written() -> None:
+        if metrics is not None:
+            meta = run.meta
+            metrics.passed(namespace, name, meta.uid, run.status, result.status, now, meta.creation_timestamp)
+
+    await _apply(api, obj, run, result, written)
     if result.requeue_after is None:
         return None
     return max(0.0, result.requeue_after - (time.monotonic() - decided))
 
 
-async def _wait_until(not_before: float | None) -> None:
-    """Wait for the moment the pass was asked for, if the reads finished at most READ_AHEAD_LIMIT before it."""
+async def _wait_until(not_before: float | None) -> float:
+    """Wait for the moment the pass was asked for, if the reads finished at most READ_AHEAD_LIMIT before it;
+    returns the seconds waited."""
     if not_before is not None and 0 < not_before - time.monotonic() <= READ_AHEAD_LIMIT:
-        await asyncio.sleep(not_before - time.monotonic())
+        began = time.monotonic()
+        await asyncio.sleep(not_before - began)
+        return time.monotonic() - began
+    return 0.0
 
 
-async def _apply(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, result: decision.Decision) -> None:
+async def _apply(
+    api: apiclient.Api,
+    obj: Mapping[str, Any],
+    run: Snapshot,
+    result: decision.Decision,
+    written: Callable[[], None] | None = None,
+) -> None:
     """Carry out a decision: the status write (and the identity objects beside it), the other actions, the events.
 
     The status write and the driver's identity objects go out together: the identity objects have fixed names
     (a crash between the two leaves objects the next pass adopts on 409) and grant nothing until a pod uses them.
     Every other action (the RayJob above all) waits until the status names it. An action that fails after the
     status was written still lets the decision's events go out (the status already says what happened); its
-    error is raised last.
+    error is raised last. `written` is called once the status write succeeded (what the status now says happened).
     """
     namespace, name = run.meta.namespace or "default", run.meta.name
     identities = [a for a in result.actions if isinstance(a, decision.EnsureIdentity)]
     others = [a for a in result.actions if not isinstance(a, (decision.Event, decision.EnsureIdentity))]
-    written, *ensured = await asyncio.gather(
+    status_written, *ensured = await asyncio.gather(
         _write_status(api, namespace, name, result.patch),
         *(_act(api, obj, run, a) for a in identities),
         return_exceptions=True,
     )
-    if isinstance(written, BaseException):
-        raise written
+    if isinstance(status_written, BaseException):
+        raise status_written
+    if written is not None:
+        written()
     if run.status.phase != result.status.phase:
         logger.info(
             "%s/%s: %s -> %s (%s)",

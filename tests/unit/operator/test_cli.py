@@ -188,3 +188,14 @@ def test_the_charts_deployment_arguments_parse(capsys: pytest.CaptureFixture[str
     missing = tmp_path / "kubeconfig"
     code, err = trainingrun(capsys, *container["args"], "--kubeconfig", str(missing))
     assert code == 2 and err == f"trainingrun operator: error: --kubeconfig {missing}: no such file\n"
+
+
+def test_a_metrics_address_without_a_port_is_named_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = trainingrun(capsys, "operator", "--metrics-address", "0.0.0.0")
+    assert code == 2
+    assert err == (
+        "trainingrun operator: error: --metrics-address: metrics address '0.0.0.0': expected HOST:PORT, "
+        "e.g. 0.0.0.0:8081\n"
+    )

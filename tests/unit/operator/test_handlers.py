@@ -7,6 +7,7 @@ import inspect
 import pathlib
 from typing import Any
 
+import pytest
 import yaml
 
 from trainingrun_operator import handlers
@@ -52,3 +53,19 @@ def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
     storage.store(body=body, patch=patch, essence=storage.build(body=body))
     assert storage.fetch(body=body) is None and not patch
     assert storage.build(body=body) == {}, "no deep copy of every watched object on every event"
+
+
+async def test_a_deleted_runs_series_go_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainingrun_operator import model, reconciler
+
+    async def finalize(api: Any, namespace: str, name: str) -> list[str]:
+        return []
+
+    monkeypatch.setattr(reconciler, "finalize", finalize)
+    memo = handlers.Memo(api=None)  # type: ignore[arg-type]
+    started = model.TrainingRunStatus.model_validate({"phase": "Starting", "attempt": {"number": 1}})
+    memo.metrics.passed("ns", "tiny", "u-1", model.TrainingRunStatus(), started, reconciler.utc_now())
+    assert ("ns", "tiny") in memo.metrics.snapshot()
+    await handlers.cleanup(name="tiny", namespace="ns", uid="u-1", memo=memo)
+    assert memo.metrics.snapshot() == {}
+    assert memo.metrics.registry.get_sample_value("trainingrun_attempt", {"namespace": "ns", "name": "tiny"}) is None

@@ -27,6 +27,7 @@ PURE = [
     "identity",
     "departures",
     "errors",
+    "figures",
 ]
 
 
@@ -54,6 +55,11 @@ def test_pure_module_imports_no_kopf_kubernetes_subprocess_or_sockets(module: st
 def test_the_decision_core_never_reads_the_clock() -> None:
     source = (PACKAGE / "decision.py").read_text()
     assert not re.search(r"datetime\.now\(|\btime\.(time|monotonic)\(|utcnow\(", source)
+
+
+def test_only_metrics_imports_prometheus_client() -> None:
+    users = sorted(p.stem for p in PACKAGE.glob("*.py") if "prometheus_client" in imported(p.stem))
+    assert users == ["metrics"]
 
 
 def test_only_apiclient_talks_to_the_kubernetes_client() -> None:

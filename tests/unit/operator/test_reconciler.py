@@ -10,9 +10,10 @@ import pathlib
 import time
 from typing import Any
 
+import pytest
 import yaml
 
-from trainingrun_operator import patching, reconciler, wakeups
+from trainingrun_operator import errors, metrics, patching, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
@@ -290,3 +291,24 @@ async def test_a_status_field_that_does_not_parse_is_named_and_left_alone() -> N
     assert status["phase"] == "Failed" and status["message"].startswith("status.restarts.total: ")
     assert status["restarts"] == {"total": "many"}, "the operator's patch never names the field it cannot read"
     assert reconciler.read(api.run).status.phase == "Failed"
+
+
+async def test_the_metrics_learn_the_pass_once_the_status_is_written_and_every_pass_s_duration() -> None:
+    exporter = metrics.Exporter(clock=lambda: NOW)
+    run, jobs = running_attempt_whose_rayjob_failed()
+    api = FakeApi(run, jobs)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
+    ended = {"namespace": "ns", "name": "tiny", "class": "ApplicationFailure"}
+    assert exporter.registry.get_sample_value("trainingrun_attempts_ended_total", ended) == 1
+    assert exporter.snapshot()[("ns", "tiny")].phase == "Restarting"
+
+    class Refused(FakeApi):
+        async def patch_trainingrun_status(self, namespace: str, name: str, patch: dict[str, Any]) -> str | None:
+            raise errors.ApiError("patch status: 409 Conflict")
+
+    exporter = metrics.Exporter(clock=lambda: NOW)
+    run, jobs = running_attempt_whose_rayjob_failed()
+    with pytest.raises(errors.ApiError):
+        await reconciler.reconcile(Refused(run, jobs), "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
+    assert exporter.snapshot() == {}, "nothing counted that the status does not say"
+    assert exporter.registry.get_sample_value("trainingrun_reconcile_duration_seconds_count") == 1
