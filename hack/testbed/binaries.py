@@ -5,7 +5,9 @@ Who uses it: `controlplane.ControlPlane` (every component it spawns, kubectl, th
 the `up` commands (`Binaries.locate()`, which says what to build when something is missing).
 
     pins.env ──> pin_set(pins) ──> <cache>/bin/<pin set>/{etcd, kube-apiserver, ..., paths.env}
-                                                           └── KUBERAY_MODULE_DIR (config/crd/bases, config/rbac)
+             │                                             └── KUBERAY_MODULE_DIR (config/crd/bases, config/rbac)
+             └─> PROMETHEUS_VERSION ──> <cache>/bin/prometheus-<version>/{prometheus, paths.env}
+                                                           └── PROMETHEUS_OPERATOR_MODULE_DIR (its CRDs)
 
 `hack/testbed/build.sh` (`make testbed`) builds them and writes paths.env; this module only finds them. Standard
 library only.
@@ -33,6 +35,8 @@ BINARY_NAMES = (
     "helm",
 )
 KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
+PROMETHEUS_OPERATOR_CRDS = Path("example") / "prometheus-operator-crd"
+SERVICE_MONITOR_CRD = "monitoring.coreos.com_servicemonitors.yaml"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -54,31 +58,47 @@ def pin_set(pins: dict[str, str]) -> str:
     )
 
 
+def prometheus_dir(cache: Path, pins: dict[str, str]) -> Path:
+    """Where prometheus is built: a directory named by its pin alone (build.sh derives the same name)."""
+    return cache / "bin" / f"prometheus-{pins['PROMETHEUS_VERSION']}"
+
+
 def default_cache() -> Path:
     return Path(os.environ.get("TESTBED_CACHE") or Path.home() / ".cache" / "trainingrun")
 
 
 @dataclass(frozen=True)
 class Binaries:
-    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are."""
+    """Where the built binaries and the KubeRay module (CRDs in config/crd/bases, RBAC in config/rbac) are; prometheus
+    and the Prometheus Operator's module (its CRDs) beside them."""
 
     bin_dir: Path
     kuberay_module_dir: Path
     versions: dict[str, str]
+    prometheus: Path
+    prometheus_operator_module_dir: Path
 
     def path(self, name: str) -> Path:
-        return self.bin_dir / name
+        return self.prometheus if name == "prometheus" else self.bin_dir / name
+
+    @property
+    def service_monitor_crd(self) -> Path:
+        return self.prometheus_operator_module_dir / PROMETHEUS_OPERATOR_CRDS / SERVICE_MONITOR_CRD
 
     @classmethod
     def locate(cls, cache: Path | None = None) -> Binaries:
         """Finds this checkout's pin set in the cache, or raises MissingBinaries saying what to run."""
         pins = read_env_file(PINS_FILE)
-        bin_dir = (cache or default_cache()) / "bin" / pin_set(pins)
-        missing = [n for n in (*BINARY_NAMES, "paths.env") if not (bin_dir / n).is_file()]
+        cache = cache or default_cache()
+        bin_dir = cache / "bin" / pin_set(pins)
+        prom_dir = prometheus_dir(cache, pins)
+        wanted = [bin_dir / n for n in (*BINARY_NAMES, "paths.env")] + [prom_dir / "prometheus", prom_dir / "paths.env"]
+        missing = [p for p in wanted if not p.is_file()]
         if missing:
+            where = sorted({str(p.parent) for p in missing})
             raise errors.MissingBinaries(
-                f"test-bed binaries missing in {bin_dir}: {', '.join(missing)}. "
-                "Run `make testbed` (or `bash hack/testbed/build.sh`; 10-15 min on a cold cache, 2 cores)."
+                f"test-bed binaries missing in {', '.join(where)}: {', '.join(p.name for p in missing)}. "
+                "Run `make testbed` (or `bash hack/testbed/build.sh`; 15-20 min on a cold cache, 2 cores)."
             )
         paths = read_env_file(bin_dir / "paths.env")
         kuberay = Path(paths["KUBERAY_MODULE_DIR"])
@@ -86,7 +106,22 @@ class Binaries:
             raise errors.MissingBinaries(
                 f"KubeRay module not found at {kuberay} (module cache cleaned?). Run `make testbed`."
             )
-        return cls(bin_dir=bin_dir, kuberay_module_dir=kuberay, versions=pins)
+        promop = Path(read_env_file(prom_dir / "paths.env").get("PROMETHEUS_OPERATOR_MODULE_DIR", ""))
+        if (
+            not promop.name.endswith(f"@{pins['PROMETHEUS_OPERATOR_VERSION']}")
+            or not (promop / PROMETHEUS_OPERATOR_CRDS / SERVICE_MONITOR_CRD).is_file()
+        ):
+            raise errors.MissingBinaries(
+                f"the Prometheus Operator module {pins['PROMETHEUS_OPERATOR_VERSION']} not found (at {promop}). "
+                "Run `make testbed`."
+            )
+        return cls(
+            bin_dir=bin_dir,
+            kuberay_module_dir=kuberay,
+            versions=pins,
+            prometheus=prom_dir / "prometheus",
+            prometheus_operator_module_dir=promop,
+        )
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@
 #
 # Output: ${TESTBED_CACHE:-$HOME/.cache/trainingrun}/bin/<pin set>/ with kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kuberay-operator, helm, and paths.env
-# (KUBERAY_MODULE_DIR etc., read by hack/testbed/binaries.py); and bin/kueue-<version>/ with kueue and its own
-# paths.env (KUEUE_MODULE_DIR: Kueue's CRDs). A binary that is already there is
+# (KUBERAY_MODULE_DIR etc., read by hack/testbed/binaries.py); bin/kueue-<version>/ with kueue and its own
+# paths.env (KUEUE_MODULE_DIR: Kueue's CRDs); bin/prometheus-<version>/ with prometheus and its own paths.env
+# (PROMETHEUS_OPERATOR_MODULE_DIR: the Prometheus Operator's module, for its CRDs). A binary that is already there is
 # not rebuilt; each one is written under a temporary name and renamed, so an interrupted build never
 # leaves a half-written binary that counts as built. Go's module and build caches live under the same
 # cache directory, so nothing built lands in the repository.
@@ -19,6 +20,7 @@ PIN_SET="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_kuberay-${
 
 CACHE="${TESTBED_CACHE:-$HOME/.cache/trainingrun}"
 BIN="$CACHE/bin/$PIN_SET"
+PROMETHEUS_BIN="$CACHE/bin/prometheus-$PROMETHEUS_VERSION"
 WRAPPER="$CACHE/src/$PIN_SET/k8s-wrapper"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 
@@ -52,7 +54,7 @@ module_dir() {
 }
 
 [[ -x "$GO" ]] || { current="go toolchain"; echo "no go toolchain found (set GO=/path/to/go)" >&2; false; }
-mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
+mkdir -p "$BIN" "$PROMETHEUS_BIN" "$GOMODCACHE" "$GOCACHE"
 log "pin set $PIN_SET"
 log "binaries -> $BIN"
 
@@ -171,6 +173,26 @@ printf '# Written by hack/testbed/build.sh. Read by hack/testbed/binaries.py.\nK
     "$KUEUE_VERSION" "$kueue_dir" >"$KUEUE_BIN/.paths.env.tmp"
 mv -f "$KUEUE_BIN/.paths.env.tmp" "$KUEUE_BIN/paths.env"
 
+# --- prometheus: its own directory, named by its pin alone ------------------------------------------------
+# Without the builtinassets tag (no web UI; the HTTP API is all the tests use) and with remove_all_sd (static
+# targets only: no cloud SDKs to compile). The version printed is the release's: module v0.316.0 is 3.16.0.
+if [[ -x "$PROMETHEUS_BIN/prometheus" ]]; then
+    log "prometheus: already built"
+else
+    current="prometheus (github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION)"
+    log "building prometheus"
+    release="${PROMETHEUS_VERSION#v0.}"                                 # 316.0
+    release="${release:0:1}.$((10#${release:1:2}))${release:3}"       # 3.16.0
+    tmp="$PROMETHEUS_BIN/.gobin"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    (cd "$CACHE" && GOBIN="$tmp" "$GO" install -trimpath -tags remove_all_sd \
+        -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release \
+                  -X github.com/prometheus/common/version.Branch=$PROMETHEUS_VERSION" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION")
+    mv -f "$tmp/prometheus" "$PROMETHEUS_BIN/prometheus"
+    rm -rf "$tmp"
+fi
+
 # --- paths.env: where the tests find the modules whose files they use (never copied into the repo) ------
 current="paths.env (module locations)"
 kuberay_dir="$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")"
@@ -188,5 +210,19 @@ KUBERAY_MODULE_DIR=$kuberay_dir
 EOF
 mv -f "$BIN/.paths.env.tmp" "$BIN/paths.env"
 
+# The Prometheus Operator's module (only its CRDs are used), beside prometheus: a file of its own, so that the
+# pin set's paths.env stays as it was.
+current="github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION (module download)"
+promop_dir="$(module_dir "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION")"
+promop_crds="$promop_dir/example/prometheus-operator-crd"
+[[ -f "$promop_crds/monitoring.coreos.com_servicemonitors.yaml" ]] || { echo "ServiceMonitor CRD not found under $promop_crds" >&2; false; }
+cat >"$PROMETHEUS_BIN/.paths.env.tmp" <<EOF
+# Written by hack/testbed/build.sh. Read by hack/testbed/binaries.py.
+PROMETHEUS_VERSION=$PROMETHEUS_VERSION
+PROMETHEUS_OPERATOR_VERSION=$PROMETHEUS_OPERATOR_VERSION
+PROMETHEUS_OPERATOR_MODULE_DIR=$promop_dir
+EOF
+mv -f "$PROMETHEUS_BIN/.paths.env.tmp" "$PROMETHEUS_BIN/paths.env"
+
 trap - ERR
-log "done in $(( $(date +%s) - started ))s: $(cd "$BIN" && ls | tr '\n' ' ')kueue-$KUEUE_VERSION/kueue"
+log "done in $(( $(date +%s) - started ))s: $(cd "$BIN" && ls | tr '\n' ' ')kueue-$KUEUE_VERSION/kueue prometheus-$PROMETHEUS_VERSION/prometheus"

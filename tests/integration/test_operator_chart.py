@@ -1,9 +1,11 @@
-"""The Helm chart on a real API server: lint, server-side dry-run of the rendered chart, no drift with
-manifests/, and least privilege for real — the operator runs the preemption journey with a token minted for
-the chart's ServiceAccount, bound by the chart's ClusterRole, not as an admin."""
+"""The Helm chart on a real API server: lint, server-side dry-run of the rendered chart (its ServiceMonitor against
+the Prometheus Operator's own CRD), the metrics Service wired to the operator's port, no drift with manifests/, and
+least privilege for real — the operator runs the preemption journey with a token minted for the chart's
+ServiceAccount, bound by the chart's ClusterRole, not as an admin."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+import binaries
 from support.operator_double import (
     REPO,
     Cluster,
@@ -53,12 +56,94 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
         "CustomResourceDefinition",
         "Deployment",
         "NetworkPolicy",
+        "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def by_kind(rendered: str) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in yaml.safe_load_all(rendered) if d}
+
+
+def test_the_metrics_service_and_servicemonitor_reach_the_operators_metrics_port(
+    control_plane: Any, namespace: str
+) -> None:
+    """The ServiceMonitor (behind metrics.serviceMonitor.enabled) names the Service's port, selects the Service,
+    which selects the operator's pod and targets the container port the operator serves /metrics on; the
+    Prometheus Operator's ServiceMonitor CRD (from its Go module, pinned in pins.env) accepts it."""
+    assert "ServiceMonitor" not in by_kind(render(control_plane, "sm", namespace)), "off by default"
+    rendered = render(
+        control_plane,
+        "sm",
+        namespace,
+        "--set",
+        "metrics.port=9123",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
+        "--set",
+        "networkPolicy.enabled=false",
+    )
+    kinds = by_kind(rendered)
+    monitor, service, deployment = kinds["ServiceMonitor"], kinds["Service"], kinds["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-address=0.0.0.0:9123" in container["args"]
+    assert {"name": "metrics", "containerPort": 9123} in container["ports"]
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 9123, "metrics")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+    control_plane.install_crds([binaries.Binaries.locate().service_monitor_crd])
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "servicemonitor.monitoring.coreos.com/sm-trainingrun created (server dry run)" in result.stdout
+
+    disabled = by_kind(render(control_plane, "sm", namespace, "--set", "metrics.enabled=false"))
+    assert "Service" not in disabled and "ServiceMonitor" not in disabled
+    (container,) = disabled["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-address=" in container["args"], "no server: the operator is told so"
+
+
+def test_the_network_policy_opens_rays_metrics_port_for_scraping_and_keeps_the_job_api_closed(
+    control_plane: Any, namespace: str
+) -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    open_to_all, open_to_one = (
+        by_kind(render(control_plane, "np", namespace, "--set", f"watchNamespaces={{{namespace}}}", *extra))
+        for extra in ([], ["--set-json", f"networkPolicy.rayMetrics.from=[{json.dumps(peer)}]"])
+    )
+    rules = open_to_all["NetworkPolicy"]["spec"]["ingress"]
+    assert {"ports": [{"protocol": "TCP", "port": 8080}]} in rules, "Ray's metrics port, from anywhere"
+    assert {"ports": [{"protocol": "TCP", "port": 8080}], "from": [peer]} in open_to_one["NetworkPolicy"]["spec"][
+        "ingress"
+    ]
+    dashboard = [r for r in rules if any(p.get("port") == 8265 for p in r["ports"])]
+    assert len(dashboard) == 1 and dashboard[0]["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "kuberay-operator"
+    }
+    clash = helm(
+        control_plane,
+        "template",
+        "np",
+        str(CHART),
+        "--kube-version",
+        "1.35.0",
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--set",
+        "networkPolicy.rayMetrics.port=8265",
+    )
+    assert clash.returncode != 0 and "must differ from networkPolicy.dashboardPort" in clash.stderr
 
 
 def test_manifests_do_not_drift_from_the_chart(control_plane: Any) -> None:

@@ -21,10 +21,14 @@ PINS = {
 }
 
 
-def fake_cache(tmp_path: Path, *, kuberay_crds: bool = True, skip: str | None = None) -> Path:
-    """A cache with this checkout's pin set: every binary an empty file, paths.env naming a KubeRay module."""
+def fake_cache(
+    tmp_path: Path, *, kuberay_crds: bool = True, skip: str | None = None, operator_version: str | None = None
+) -> Path:
+    """A cache with this checkout's pin set: every binary an empty file, paths.env naming a KubeRay module; prometheus
+    in its own directory, its paths.env naming the Prometheus Operator's module (of `operator_version`)."""
+    pins = binaries.read_env_file(binaries.PINS_FILE)
     cache = tmp_path / "cache"
-    bin_dir = cache / "bin" / binaries.pin_set(binaries.read_env_file(binaries.PINS_FILE))
+    bin_dir = cache / "bin" / binaries.pin_set(pins)
     bin_dir.mkdir(parents=True)
     module = tmp_path / "kuberay"
     if kuberay_crds:
@@ -34,6 +38,14 @@ def fake_cache(tmp_path: Path, *, kuberay_crds: bool = True, skip: str | None = 
             (bin_dir / name).touch()
     if skip != "paths.env":
         (bin_dir / "paths.env").write_text(f"# written by build.sh\nKUBERAY_MODULE_DIR={module}\n")
+    prom_dir = binaries.prometheus_dir(cache, pins)
+    prom_dir.mkdir(parents=True)
+    if skip != "prometheus":
+        (prom_dir / "prometheus").touch()
+    operator = tmp_path / f"prometheus-operator@{operator_version or pins['PROMETHEUS_OPERATOR_VERSION']}"
+    (operator / binaries.PROMETHEUS_OPERATOR_CRDS).mkdir(parents=True)
+    (operator / binaries.PROMETHEUS_OPERATOR_CRDS / binaries.SERVICE_MONITOR_CRD).touch()
+    (prom_dir / "paths.env").write_text(f"PROMETHEUS_OPERATOR_MODULE_DIR={operator}\n")
     return cache
 
 
@@ -56,6 +68,26 @@ def test_locate_finds_the_pin_set_and_the_kuberay_module(tmp_path: Path) -> None
     assert found.path("kubectl") == found.bin_dir / "kubectl"
     assert found.kuberay_module_dir == tmp_path / "kuberay"
     assert found.versions == binaries.read_env_file(binaries.PINS_FILE)
+    assert (
+        found.path("prometheus")
+        == found.prometheus
+        == binaries.prometheus_dir(tmp_path / "cache", found.versions) / "prometheus"
+    )
+    assert found.service_monitor_crd.is_file()
+
+
+def test_prometheus_has_a_directory_named_by_its_pin_as_build_sh_names_it() -> None:
+    line = next(
+        raw for raw in (binaries.HERE / "build.sh").read_text().splitlines() if raw.startswith("PROMETHEUS_BIN=")
+    )
+    script = f'source {binaries.PINS_FILE}; CACHE=/c; {line}; printf %s "$PROMETHEUS_BIN"'
+    derived = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert derived == str(binaries.prometheus_dir(Path("/c"), binaries.read_env_file(binaries.PINS_FILE)))
+
+
+def test_a_prometheus_operator_module_of_another_pin_is_missing_binaries(tmp_path: Path) -> None:
+    with pytest.raises(errors.MissingBinaries, match=r"Prometheus Operator module .* not found"):
+        binaries.Binaries.locate(fake_cache(tmp_path, operator_version="v0.1.0"))
 
 
 def test_the_cache_comes_from_testbed_cache_when_it_is_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +97,7 @@ def test_the_cache_comes_from_testbed_cache_when_it_is_set(tmp_path: Path, monke
     assert binaries.default_cache() == Path.home() / ".cache" / "trainingrun"
 
 
-@pytest.mark.parametrize("skip", ["kube-apiserver", "paths.env"])
+@pytest.mark.parametrize("skip", ["kube-apiserver", "paths.env", "prometheus"])
 def test_a_missing_binary_is_named_and_the_message_says_to_run_make_testbed(tmp_path: Path, skip: str) -> None:
     with pytest.raises(errors.MissingBinaries, match=rf"missing in .*: {skip}\. Run `make testbed`"):
         binaries.Binaries.locate(fake_cache(tmp_path, skip=skip))
