@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from support import waiting
-from trainingrun_operator import apiclient, cli
+from trainingrun_operator import apiclient, cli, metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -270,12 +270,21 @@ class KubeRayDouble:
 
 
 class InProcessOperator:
-    """`trainingrun operator` run in a thread of the test process, against the test bed."""
+    """`trainingrun operator` run in a thread of the test process, against the test bed. With `metrics_address`
+    (`127.0.0.1:0`: a free port), it serves /metrics there; `.exporter.port` says where, once started."""
 
-    def __init__(self, kubeconfig: pathlib.Path, namespace: str, api: apiclient.Api | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: pathlib.Path,
+        namespace: str,
+        api: apiclient.Api | None = None,
+        metrics_address: str | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.api = api or apiclient.Api(apiclient.load_configuration(str(kubeconfig)))
+        self.metrics_address = metrics_address
+        self.exporter = metrics.Exporter()
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: BaseException | None = None
@@ -284,7 +293,14 @@ class InProcessOperator:
     def _main(self) -> None:
         try:
             asyncio.run(
-                cli.operate(self.api, namespaces=[self.namespace], stop_flag=self.stop_flag, ready_flag=self.ready_flag)
+                cli.operate(
+                    self.api,
+                    namespaces=[self.namespace],
+                    stop_flag=self.stop_flag,
+                    ready_flag=self.ready_flag,
+                    metrics_address=self.metrics_address,
+                    exporter=self.exporter,
+                )
             )
         except BaseException as exc:  # surfaced by stop()
             self.error = exc
