@@ -34,6 +34,7 @@ from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.driver import reporting
+from trainingrun_runtime.driver.telemetry import DriverMetrics
 from trainingrun_runtime.errors import InventoryMismatch, Superseded
 from trainingrun_runtime.storage import fence, layout, retention
 
@@ -63,9 +64,11 @@ class Checkpoints:
         buffer: TQReplayBuffer,
         barrier: DataPlaneCheckpointBarrier,
         reports: reporting.ProgressReports,
+        telemetry: DriverMetrics | None = None,
     ) -> None:
         self._args = args
         self._reports = reports
+        self._telemetry = telemetry
         self._saver = checkpointer.DataPlaneCheckpointer(
             args.root, args.run, dataplane=client, buffer=buffer, barrier=barrier, on_stage=self._stage
         )
@@ -159,6 +162,8 @@ class Checkpoints:
                          exclusive_s=snap.exclusive_s, reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
         self.save_s = time.monotonic() - started
+        if self._telemetry is not None:
+            self._telemetry.checkpoint(self.save_s, snap.exclusive_s)
         a.crash.reach("reported", step)
         await self._retain(path)
 

@@ -18,6 +18,8 @@
       background, fenced against newer attempts (`checkpoints`, which draws it)
     reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
     after a step (step, reward), one at a time and in order (reporting.ProgressReports)
+    metrics (`telemetry`, Ray's metrics): each step's time, each committed rollout group, each save's duration and
+    barrier window, the restore's duration (measured by setup)
 
     preemption notice (`notice`; the head pod's preStop hook asks, a task looks every POLL_S): at the next step
       boundary a save of the newest step, if it fits before the deadline (a save of that step already under way
@@ -66,6 +68,7 @@ from trainingrun_runtime.driver import (
     placement,
     reporting,
     restore,
+    telemetry,
     trainers,
 )
 from trainingrun_runtime.errors import PreflightError
@@ -122,6 +125,10 @@ class SingleControllerActorArgs:
     """At most one progress report (`status.runtime.step`) per this many seconds; checkpoints report at once."""
     run_uid: str | None = None
     """The TrainingRun's uid: with `attempt`, the owner this driver claimed the run directory as (`fence`)."""
+    namespace: str = "default"
+    """The TrainingRun's namespace (a label of the driver's metrics)."""
+    restore_s: float | None = None
+    """How long setup's restore took (verification included); None: a fresh start restored nothing."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +157,9 @@ class SingleController:
     async def run(self) -> RunResult:
         """Attach, restore the index, run the pumps until `steps`; raise the first failure as it was."""
         a = self.args
+        self.telemetry = telemetry.DriverMetrics(a.namespace, a.run)
+        if a.restore_s is not None:
+            self.telemetry.restored(a.restore_s)
         await self._attach()
         self._cond = asyncio.Condition()
         self._rows_ready = asyncio.Event()
@@ -209,7 +219,7 @@ class SingleController:
             period_s=a.progress_period_s,
         )
         self.checkpoints = checkpoints.Checkpoints(
-            a, client=self.client, buffer=self.replay, barrier=barrier, reports=self.reports
+            a, client=self.client, buffer=self.replay, barrier=barrier, reports=self.reports, telemetry=self.telemetry
         )
 
     def _check_ledger_against_index(self) -> None:
@@ -282,6 +292,7 @@ class SingleController:
             await self.replay.commit(group_rows(uid, g).group_id, fields)
             self.args.ledger.committed(uid, version)  # same loop turn as the commit
             self._rows_ready.set()
+            self.telemetry.rollout()
 
     # -- training -------------------------------------------------------------------------------
 
@@ -333,6 +344,7 @@ class SingleController:
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             self._step_s = time.monotonic() - started
+            self.telemetry.step(self._step_s)
             if done == tcfg.steps:
                 await self.checkpoints.save(done, reward, self._capture, checkpoints.FINAL)
             elif done % a.config.checkpoint.save_period == 0:

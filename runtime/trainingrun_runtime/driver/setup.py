@@ -3,7 +3,7 @@
     1  claim the run directory for this attempt (`storage.fence`)                 run_dir_claimed
     2  choose the checkpoint: every checksum verified, the config hash checked;   checkpoint_rejected,  no Ray yet
        a pinned step that fails is passed over for an older recorded one         checkpoint_selected
-    3  ray.init (or attach via RAY_ADDRESS)                                       ray_started
+    3  ray.init (or attach via RAY_ADDRESS)                                       ray_started (its metrics port)
     4  the generation workers' and the trainer worker's processes start (neither  tq_started
        touches TransferQueue) while the BOOTSTRAP data-plane client starts it
     5  restore (`restore.restore`): TransferQueue through the bootstrap client    tq_restored | tq_fresh
@@ -18,7 +18,8 @@ buffer needs that client. Both are process-bound, so the controller builds them 
 the start of `run()` from the token, after this function returned. Every step
 emits an event (`events.EventLog`) so tests can check the order and the benchmark
 can split the start-up time. Any failure while restoring (steps 2 and 5) is raised
-as `RestoreFailed`, which the entrypoint maps to exit code 3.
+as `RestoreFailed`, which the entrypoint maps to exit code 3. How long steps 2 and 5 took together is the
+restore's duration, which the controller exports (`telemetry`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,15 @@ def _init_ray(opts: DriverOptions) -> None:
         ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, logging_config=logging_config)
 
 
+def _metrics_port() -> int | None:
+    """The port this node's Ray serves its metrics (and the driver's, `telemetry`) on for Prometheus."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = ray.nodes()  # type: ignore[no-untyped-call]
+    return next((int(n["MetricsExportPort"]) for n in nodes if n.get("NodeID") == here), None)
+
+
 def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     """Build and restore everything on the driver, then create the controller actor (see module docstring)."""
     tcfg = opts.config.trainer
@@ -99,15 +110,17 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
     fence.claim(layout.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
     ev.emit("run_dir_claimed", attempt=opts.attempt)
+    began = time.monotonic()
     chosen = restore.choose(
         opts.root, opts.run, opts.resume, opts.config, controller.replay_config(tcfg), fallback=opts.fallback
     )
     for bad in restore.rejected_steps(chosen.skipped if chosen is not None else []):
         ev.emit("checkpoint_rejected", step=bad["step"], problem=bad["problem"])
     ev.emit("checkpoint_selected", step=None if chosen is None else chosen.manifest.step)
+    restore_s = time.monotonic() - began
 
     _init_ray(opts)
-    ev.emit("ray_started")
+    ev.emit("ray_started", metrics_port=_metrics_port())
     prefix = f"{opts.run}-a{opts.attempt}"
     head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
     # Generation workers first: their processes start while TransferQueue does (they never touch it).
@@ -118,11 +131,13 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     the_trainers = trainers.Trainers(tcfg, prefix, head)
     ev.emit("tq_started")
     rollout = restore.Rollout.fresh(tcfg)
+    began = time.monotonic()
     try:
         restored = restore.restore(chosen, the_trainers, rollout, ev)
     except BaseException:
         the_trainers.close()
         raise
+    restore_s += time.monotonic() - began
 
     try:
         _load_generators(
@@ -153,6 +168,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
         progress_period_s=opts.progress_period_s,
         run_uid=opts.run_uid,
+        namespace=opts.namespace,
+        restore_s=restore_s if chosen is not None else None,
     )
     the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
     ev.emit("actor_created")
