@@ -221,6 +221,8 @@ async def reconcile(
         obj, jobs, pods = await gather(api, namespace, name)
         if obj is not None and signals is not None:
             signals.saw(namespace, name, obj)
+        if obj is None and metrics is not None:
+            metrics.forget(namespace, name)  # gone without our delete handler (a finalizer removed by hand)
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
             return None
         run = read(obj)

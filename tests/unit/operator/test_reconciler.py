@@ -312,3 +312,13 @@ async def test_the_metrics_learn_the_pass_once_the_status_is_written_and_every_p
         await reconciler.reconcile(Refused(run, jobs), "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
     assert exporter.snapshot() == {}, "nothing counted that the status does not say"
     assert exporter.registry.get_sample_value("trainingrun_reconcile_duration_seconds_count") == 1
+
+
+async def test_a_run_found_gone_takes_its_series_with_it() -> None:
+    exporter = metrics.Exporter(clock=lambda: NOW)
+    api = FakeApi(tiny())
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
+    assert ("ns", "tiny") in exporter.snapshot()
+    api.run = None  # type: ignore[assignment]
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
+    assert exporter.snapshot() == {}
