@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# Test-bed binaries (kube-apiserver, etcd, kwok, KubeRay, helm) are built once into this cache.
+# Test-bed binaries (kube-apiserver, etcd, kwok, KubeRay, helm, prometheus) are built once into this cache.
 TESTBED_CACHE ?= $(HOME)/.cache/trainingrun
 
 .PHONY: install demo test test-unit testbed images bench lint clean

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import binaries
+from support import dashboards
 from support.operator_double import (
     REPO,
     Cluster,
@@ -112,6 +113,18 @@ def test_the_metrics_service_and_servicemonitor_reach_the_operators_metrics_port
     assert "Service" not in disabled and "ServiceMonitor" not in disabled
     (container,) = disabled["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert "--metrics-address=" in container["args"], "no server: the operator is told so"
+
+
+def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked(
+    control_plane: Any, namespace: str
+) -> None:
+    assert "ConfigMap" not in by_kind(render(control_plane, "gd", namespace)), "off by default"
+    rendered = render(control_plane, "gd", namespace, "--set", "metrics.grafanaDashboard.enabled=true")
+    configmap = by_kind(rendered)["ConfigMap"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["trainingrun.json"]) == dashboards.load()
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_network_policy_opens_rays_metrics_port_for_scraping_and_keeps_the_job_api_closed(

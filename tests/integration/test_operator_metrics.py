@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import binaries
+from support import dashboards
 from support.operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, phase_is, tiny_run
 from support.prometheus import Prometheus
 from trainingrun_runtime import timestamps
@@ -130,6 +131,13 @@ def test_prometheus_sees_a_preemption_journey_in_the_counters_histograms_and_gau
     assert age is not None and 0 <= age < 60, age
     labels = {key for series, _ in prom.query(f'{{__name__=~"trainingrun_.+",{run}}}') for key in series}
     assert labels == {"__name__", "namespace", "name", "class", "phase", "le", "instance", "job"}, labels
+
+    # Every operator panel of the chart's dashboard is valid PromQL, with data now (the driver's panels need Ray).
+    for title, expr in dashboards.expressions():
+        if title.startswith("variable ") or any(n.startswith("ray_") for n in dashboards.metric_names(expr)):
+            continue
+        found = prom.query(dashboards.instantiate(expr, namespace, interval="5m"))
+        assert found or title == "Runs not Running", f"dashboard panel {title!r}: no data for {expr}"
 
     # A deleted run's series go: the next scrape no longer has them, and Prometheus marks them stale.
     cluster.custom.delete_namespaced_custom_object("trainingrun.dev", "v1alpha1", namespace, "trainingruns", "tiny")
