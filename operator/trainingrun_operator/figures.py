@@ -29,7 +29,9 @@ The durations, in seconds:
     restart          the decision that ended an attempt with a failure class -> the one that starts the next
                      (out of Restarting: not across a suspension)
     first report     the decision that started the attempt -> the driver's first report of it (its `updated`,
-                     by the driver's clock: Ray's start-up and the restore included)
+                     by the driver's clock: Ray's start-up and the restore included); a queued attempt's from its
+                     admission (`status.attempt.admitted`: the wait in Kueue's queue is neither the operator's nor
+                     the driver's)
 Status times are written to the second. `Memory` keeps the exact moments of the decisions this process made
 (where the status keeps seconds only), so the restart and first-report durations are exact unless the operator
 restarted in between (then they are counted from the status, at most a second long). The apply's time is the
@@ -208,7 +210,7 @@ def _first_report(
     if attempt is None or report is None or _reported(old) or not _reported(new):
         return None
     exact = memory.started[1] if memory.started and memory.started[0] == attempt.number else None
-    start = exact or _time(attempt.start)
+    start = _time(attempt.admitted) or exact or _time(attempt.start)
     if start is None:
         return None
     when = _time(report.updated)

@@ -12,7 +12,7 @@
 The series. Labels: namespace and name of the run (the ended attempts add class); never an attempt number or a
 pod name, so a run has a fixed number of series, all removed when it is deleted.
 
-    trainingrun_phase{phase}                          1 for the run's phase, 0 for the six others
+    trainingrun_phase{phase}                          1 for the run's phase, 0 for the others
     trainingrun_attempt                               the current attempt's number (0 before the first)
     trainingrun_checkpoint_step                       the newest recorded checkpoint's step       } none before
     trainingrun_checkpoint_age_seconds                its age at the scrape                       } the first

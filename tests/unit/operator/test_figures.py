@@ -333,4 +333,30 @@ def test_the_classes_are_the_failure_classes_then_the_other_endings() -> None:
         "Stalled",
     )
     assert figures.CLASSES[len(figures.FAILURE_CLASSES) :] == ("Succeeded", "Suspended", "InvalidSpec")
-    assert figures.PHASES == ("Pending", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+    assert figures.PHASES == (
+        "Pending",
+        "Queued",
+        "Starting",
+        "Running",
+        "Restarting",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+    )
+
+
+def test_a_queued_attempts_first_report_is_counted_from_its_admission_not_its_wait_in_the_queue() -> None:
+    old = model.TrainingRunStatus.model_validate(
+        {
+            "phase": "Running",
+            "attempt": {"number": 1, "start": "2025-01-01T00:00:00Z", "admitted": "2025-01-01T00:10:00Z"},
+        }
+    )
+    new = old.model_copy(
+        update={
+            "runtime": model.RuntimeReport(attempt=1, step=1, updated="2025-01-01T00:10:30Z"),
+            "rate": model.ProgressRate(attempt=1, step=1, time="2025-01-01T00:10:30Z"),
+        }
+    )
+    now = T0 + datetime.timedelta(minutes=11)
+    assert figures.tally(Memory(started=(1, T0)), old, new, now)[1].first_report_seconds == 30.0
