@@ -51,6 +51,14 @@ def chart_objects(control_plane: Any, namespace: str, *sets: str) -> list[dict[s
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
+def metrics_text(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
 def liveness_status(port: int) -> int | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
@@ -64,9 +72,10 @@ def test_the_operator_image_runs_as_the_chart_says_read_only_as_65532_in_cluster
     control_plane: Any, namespace: str, cluster: Cluster, kuberay: KubeRayDouble, tmp_path: Path
 ) -> None:
     image = containers.image("operator")
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     objects = chart_objects(control_plane, namespace, f"watchNamespaces={{{namespace}}}",
-                            "networkPolicy.enabled=false", f"livenessPort={port}")  # fmt: skip
+                            "networkPolicy.enabled=false", f"livenessPort={port}",
+                            f"metrics.port={metrics_port}")  # fmt: skip
     rbac = [d for d in objects if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
     control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
     (deployment,) = [d for d in objects if d["kind"] == "Deployment"]
@@ -114,6 +123,9 @@ def test_the_operator_image_runs_as_the_chart_says_read_only_as_65532_in_cluster
         kuberay.preempt_head("tiny-a1")
         job = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 from the containerized operator")
         assert "--resume 10" in job["spec"]["entrypoint"]
+        # The image serves /metrics on the chart's port (prometheus_client installed with the `operator` extra).
+        preempted = f'trainingrun_attempts_ended_total{{class="Preempted",name="tiny",namespace="{namespace}"}} 1.0'
+        eventually(lambda: preempted in metrics_text(metrics_port), what="the preemption in /metrics")
         control_plane.kubectl("delete", "trun", "tiny", "-n", namespace, "--wait=true", "--timeout=45s")
     finally:
         output = containers.logs(name)

@@ -39,12 +39,13 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 
 
 def image(name: str) -> str:
-    """`localhost/trainingrun-<name>:dev`, rebuilt first if its inputs changed since it was built."""
+    """`localhost/trainingrun-<name>:<IMAGE_TAG, default dev>`, rebuilt first if its inputs changed since it was
+    built (hack/images/build.sh reads IMAGE_TAG too: a checkout beside another can build and test its own)."""
     build = subprocess.run(
         ["bash", str(REPO / "hack" / "images" / "build.sh"), name], capture_output=True, text=True, timeout=3600
     )
     assert build.returncode == 0, f"make images failed:\n{build.stdout[-2000:]}\n{build.stderr[-3000:]}"
-    return f"localhost/trainingrun-{name}:dev"
+    return f"localhost/trainingrun-{name}:{os.environ.get('IMAGE_TAG') or 'dev'}"
 
 
 def run(
