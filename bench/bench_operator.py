@@ -338,6 +338,8 @@ def bench_side_by_side(
                 ns_ours,
                 "--liveness",
                 f"http://127.0.0.1:{our_port}/healthz",
+                "--metrics-address",
+                f"127.0.0.1:{components.free_port()}",
             ],
             dict(os.environ),
             work / "operator.log",

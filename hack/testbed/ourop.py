@@ -33,6 +33,9 @@ class OperatorProcess:
     log_path: Path
     popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
     starts: int = field(default=0, init=False)
+    metrics_port: int = field(default=0, init=False)
+    """Where this start serves /metrics (a free loopback port: never the chart's fixed one, which another
+    operator on this machine may hold)."""
 
     def start(self) -> OperatorProcess:
         env = {
@@ -43,6 +46,7 @@ class OperatorProcess:
             "LOG_LEVEL": "INFO",
         }
         liveness = f"http://127.0.0.1:{components.free_port()}/healthz"
+        self.metrics_port = components.free_port()
         with open(self.log_path, "ab") as log_file:
             log_file.write(f"\n===== start {self.starts + 1} =====\n".encode())
             log_file.flush()
@@ -54,6 +58,8 @@ class OperatorProcess:
                     str(self.kubeconfig),
                     "--liveness",
                     liveness,
+                    "--metrics-address",
+                    f"127.0.0.1:{self.metrics_port}",
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -115,9 +115,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.startup()
 def serve_metrics(memo: Any, **_: Any) -> None:
+    """Serve /metrics; a port that cannot be had stops the operator at start-up (kopf would retry forever)."""
     memo = _memo(memo)
     if memo.metrics_address:
-        port = memo.metrics.start(memo.metrics_address)
+        try:
+            port = memo.metrics.start(memo.metrics_address)
+        except OSError as exc:
+            raise kopf.PermanentError(f"cannot serve /metrics on {memo.metrics_address}: {exc}") from exc
         logger.info("serving /metrics on %s (port %d)", memo.metrics_address, port)
 
 

@@ -69,3 +69,18 @@ async def test_a_deleted_runs_series_go_with_it(monkeypatch: pytest.MonkeyPatch)
     await handlers.cleanup(name="tiny", namespace="ns", uid="u-1", memo=memo)
     assert memo.metrics.snapshot() == {}
     assert memo.metrics.registry.get_sample_value("trainingrun_attempt", {"namespace": "ns", "name": "tiny"}) is None
+
+
+def test_a_metrics_port_that_cannot_be_had_stops_the_operator_at_start_up() -> None:
+    """kopf retries a startup handler's ordinary error forever: the operator would hang, never reconciling."""
+    import socket
+
+    import kopf
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        memo = handlers.Memo(api=None, metrics_address=address)  # type: ignore[arg-type]
+        with pytest.raises(kopf.PermanentError, match=f"cannot serve /metrics on {address}"):
+            handlers.serve_metrics(memo=memo)
