@@ -13,6 +13,7 @@ import pytest
 
 import chaos
 import localpod
+from support.fullloop_runs import run_directory
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -20,16 +21,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 DEADLINE = 20
-
-
-def progress_past_a_checkpoint(loop: Loop, namespace: str, name: str) -> int | None:
-    """The step of a checkpoint attempt 1 recorded, once its driver has reported a step beyond it."""
-    status = loop.run_status(namespace, name)
-    latest = (status.get("checkpoints") or {}).get("latest") or {}
-    runtime = status.get("runtime") or {}
-    if latest.get("attempt") != 1 or runtime.get("attempt") != 1:
-        return None
-    return int(latest["step"]) if int(runtime.get("step") or 0) > int(latest["step"]) else None
 
 
 def events(loop: Loop, namespace: str, reason: str) -> list[dict[str, Any]]:
@@ -40,11 +31,17 @@ def events(loop: Loop, namespace: str, reason: str) -> list[dict[str, Any]]:
 def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_recorded_step(
     loop: Loop, namespace: str
 ) -> None:
+    # Attempt 1 holds after training step 8, past its first save (step 5), so that the freeze comes mid-run however
+    # fast this machine trains; the hold is longer than the deadline, and the freeze comes at its start.
+    loop.bed.runner.add_env(
+        {"trainingrun.dev/run": "hung", "trainingrun.dev/attempt": "1"}, {"TRAININGRUN_CRASH_AT": "trained@8~300"}
+    )
     run = loop.tiny_run("hung", claim="hung-checkpoints", steps=30, checkpoint={"savePeriod": 5})
     run["spec"]["restartPolicy"]["progressDeadlineSeconds"] = DEADLINE
     loop.plane.apply(loop.checkpoints_pvc("hung-checkpoints"), run, namespace=namespace)
-    loop.wait(lambda: progress_past_a_checkpoint(loop, namespace, "hung"), timeout=600,
-              what="attempt 1 training past a recorded checkpoint")  # fmt: skip
+    directory = run_directory(loop, namespace, "hung-checkpoints", "hung")
+    loop.wait(lambda: (directory / "crash-markers" / "held-at-trained@8").exists(), timeout=600,
+              what="attempt 1 held after step 8, past its first checkpoint")  # fmt: skip
     head = chaos.head_pod(loop.plane, namespace, "trainingrun.dev/run=hung,trainingrun.dev/attempt=1")
     frozen = chaos.freeze_driver(loop.bed.runner, namespace, head["metadata"]["name"])
     frozen_at = time.monotonic()
