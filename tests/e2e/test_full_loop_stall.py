@@ -60,7 +60,8 @@ def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_reco
     assert f"(spec.restartPolicy.progressDeadlineSeconds: {DEADLINE})" in ended["message"], ended
     # Judged from the last report, which came at most a progress period (1 s) and a few polls before the freeze.
     assert DEADLINE - 5 <= detected_after < DEADLINE + 30, detected_after
-    (warning,) = events(loop, namespace, "Stalled")
+    # The event is posted after the status patch that ends the attempt: wait for it, do not race it.
+    (warning,) = loop.wait(lambda: events(loop, namespace, "Stalled") or None, timeout=60, what="the Stalled event")
     assert warning["type"] == "Warning" and f"step {last['step']}" in warning["message"], warning
 
     final = loop.wait_phase(namespace, "hung", "Succeeded", timeout=600)
