@@ -8,9 +8,6 @@ static targets every second, queried through its HTTP API (PromQL).
 
 It listens on a free loopback port and keeps its TSDB in `workdir`; stop() terminates it. Its log (`prometheus.log`
 in `workdir`) is what a failed wait shows.
-
-Without a Prometheus, `scrape(url)` reads an exposition once with prometheus_client's parser:
-    scrape("http://127.0.0.1:8081/metrics")[("trainingrun_attempt", frozenset({("namespace", "ns"), ...}))]
 """
 
 from __future__ import annotations
@@ -29,20 +26,6 @@ from typing import Any
 from support import waiting
 
 SCRAPE_SECONDS = 1
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def scrape(url: str) -> Samples:
-    """Every sample of the exposition at `url`: (name, labels) -> value."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def free_port() -> int:
