@@ -16,7 +16,6 @@ the runtime (Ray needs only loopback).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+import components
 from support import containers
 from support.operator_double import REPO, Cluster, KubeRayDouble, eventually, tiny_run
 from trainingrun_operator import driver_process
@@ -33,12 +33,6 @@ from trainingrun_runtime.storage import layout, verification
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800)]
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chart_objects(control_plane: Any, namespace: str, *sets: str) -> list[dict[str, Any]]:
@@ -72,7 +66,7 @@ def test_the_operator_image_runs_as_the_chart_says_read_only_as_65532_in_cluster
     control_plane: Any, namespace: str, cluster: Cluster, kuberay: KubeRayDouble, tmp_path: Path
 ) -> None:
     image = containers.image("operator")
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = components.free_port(), components.free_port()
     objects = chart_objects(control_plane, namespace, f"watchNamespaces={{{namespace}}}",
                             "networkPolicy.enabled=false", f"livenessPort={port}",
                             f"metrics.port={metrics_port}")  # fmt: skip

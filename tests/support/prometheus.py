@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -23,15 +22,10 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import components
 from support import waiting
 
 SCRAPE_SECONDS = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:
@@ -59,7 +53,7 @@ class Prometheus:
                 }
             )
         )
-        port = free_port()
+        port = components.free_port()
         log = workdir / "prometheus.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
