@@ -91,6 +91,15 @@ class Loop:
     def rayjobs(self, namespace: str) -> list[dict[str, Any]]:
         return list((self.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs") or {}).get("items") or [])
 
+    def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
+        items = (self.plane.get(f"/api/v1/namespaces/{namespace}/events") or {}).get("items") or []
+        return [e for e in items if e.get("reason") == reason]
+
+    def wait_events(self, namespace: str, reason: str, *, timeout: float = 60) -> list[dict[str, Any]]:
+        """The namespace's events of `reason` once there is one (our operator posts events after the status patch
+        that a test saw, so asserting them at once races the operator)."""
+        return self.wait(lambda: self.events(namespace, reason) or None, timeout=timeout, what=f"a {reason} event")
+
     def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
         """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
 

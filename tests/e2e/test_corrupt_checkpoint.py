@@ -6,7 +6,6 @@ itself. No attempt ends FailedRestore and no budget is charged; the bad step is 
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import pytest
@@ -69,8 +68,7 @@ def test_a_pinned_checkpoint_that_fails_verification_is_passed_over_in_the_same_
     rayjob = loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/cc-a2") or {}
     entrypoint = rayjob.get("spec", {}).get("entrypoint", "")
     assert f"--resume {pinned}" in entrypoint and f"--fallback {older}" in entrypoint, entrypoint
-    events = json.loads(loop.plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
-    corrupt = [e["message"] for e in events if e.get("reason") == "CheckpointCorrupt"]
+    corrupt = [e["message"] for e in loop.wait_events(namespace, "CheckpointCorrupt")]
     assert len(corrupt) == 1 and f"step {pinned}" in corrupt[0] and weights.name in corrupt[0], corrupt
     final = loop.wait_phase(namespace, "cc", "Succeeded", timeout=600)
     assert final["attempt"]["number"] == 2 and final["checkpoints"]["latest"]["step"] == 20

@@ -7,7 +7,7 @@ the frozen processes with the pod), attempt 2 resumes from the recorded step, an
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.e2e
 
 DEADLINE = 20
-
-
-def events(loop: Loop, namespace: str, reason: str) -> list[dict[str, Any]]:
-    items = (loop.plane.get(f"/api/v1/namespaces/{namespace}/events") or {}).get("items") or []
-    return [e for e in items if e.get("reason") == reason]
 
 
 def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_recorded_step(
@@ -61,7 +56,7 @@ def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_reco
     # Judged from the last report, which came at most a progress period (1 s) and a few polls before the freeze.
     assert DEADLINE - 5 <= detected_after < DEADLINE + 30, detected_after
     # The event is posted after the status patch that ends the attempt: wait for it, do not race it.
-    (warning,) = loop.wait(lambda: events(loop, namespace, "Stalled") or None, timeout=60, what="the Stalled event")
+    (warning,) = loop.wait_events(namespace, "Stalled")
     assert warning["type"] == "Warning" and f"step {last['step']}" in warning["message"], warning
 
     final = loop.wait_phase(namespace, "hung", "Succeeded", timeout=600)

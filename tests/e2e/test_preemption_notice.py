@@ -121,8 +121,7 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
     assert f"--resume {saved['step']}" in (
         loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/gn-a2") or {}
     ).get("spec", {}).get("entrypoint", "")
-    events = loop.plane.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-    assert any(e.get("reason") == NOTICE for e in json.loads(events)["items"]), "no PreemptionNotice event"
+    assert loop.wait_events(namespace, NOTICE), "no PreemptionNotice event"
     latest = final["checkpoints"]["latest"]
     uninterrupted = json.loads((tmp_path / "gn" / f"step_{steps}" / "manifest.json").read_text())
     assert latest["step"] == steps and latest["weightsSha256"] == uninterrupted["weights_sha256"]

@@ -213,4 +213,4 @@ def test_the_operator_runs_the_preemption_journey_with_only_the_charts_rbac(
     # "403": the namespace's random suffix can contain it.)
     forbidden = [r.getMessage() for r in caplog.records if "orbidden" in r.getMessage()]
     assert forbidden == []
-    assert cluster.events("tiny"), "events were posted with the chart's RBAC"
+    cluster.events_with("tiny", "CreatedRayJob")  # posted with the chart's RBAC

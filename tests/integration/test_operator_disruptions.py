@@ -136,7 +136,7 @@ def test_a_head_on_a_node_that_turns_not_ready_is_preempted_and_attempt_two_wait
     assert args_of(job2)["--resume"] == "10"
     status = cluster.status("tiny")
     assert status["attempt"]["number"] == 2 and status["attempt"]["resumedFrom"] == 10
-    assert {"Preempted", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))
+    cluster.events_with("tiny", "Preempted", "Restarting", "DeletedRayJob", "AttemptStarted")
 
 
 def test_a_rayjob_suspended_by_a_queue_is_preempted_and_attempt_two_resumes_from_the_recorded_step(
@@ -164,7 +164,7 @@ def test_a_rayjob_suspended_by_a_queue_is_preempted_and_attempt_two_resumes_from
     assert status["restarts"]["preempted"] == 1 and status["restarts"]["applicationFailure"] == 0
     assert status["attempt"]["resumedFrom"] == 10
     assert status["checkpoints"]["latest"]["step"] == 10
-    assert {"Preempted", "Restarting", "DeletedRayJob"} <= set(cluster.events("tiny"))
+    cluster.events_with("tiny", "Preempted", "Restarting", "DeletedRayJob")
 
     kuberay.start("tiny-a2")
     eventually(lambda: phase_is(cluster, "tiny", "Running"), what="attempt 2 Running")
@@ -201,7 +201,7 @@ def test_a_suspended_run_keeps_its_checkpoints_and_budgets_and_resumes_from_the_
     assert status["restarts"]["total"] == 0, status["restarts"]
     assert status.get("consecutiveFailures", 0) == 0
     assert status["attempts"][0]["reason"] == "Suspended"
-    assert {"Suspended", "DeletedRayJob"} <= set(cluster.events("tiny"))
+    cluster.events_with("tiny", "Suspended", "DeletedRayJob")
 
     cluster.custom.patch_namespaced_custom_object(
         "trainingrun.dev",
@@ -349,7 +349,7 @@ def test_a_worker_pod_evicted_mid_attempt_is_counted_once_and_the_attempt_goes_o
     job = cluster.rayjob("tiny-a1")
     assert job is not None and not job["metadata"].get("deletionTimestamp"), "the attempt's RayJob stays"
     assert cluster.rayjob("tiny-a2") is None
-    assert cluster.events("tiny").count("WorkerLost") == 1
+    assert cluster.events_with("tiny", "WorkerLost").count("WorkerLost") == 1
 
     wide = control_plane.kubectl("get", "trun", "tiny", "-n", cluster.namespace, "-o", "wide").stdout.splitlines()
     header, row = wide[0].split(), wide[1].split()
@@ -368,7 +368,7 @@ def test_a_driver_that_found_no_generation_worker_in_time_is_preempted_and_attem
     assert first["reason"] == "Preempted" and "workerReplacementSeconds" in first["message"], first
     assert status["restarts"]["preempted"] == 1 and status["restarts"]["applicationFailure"] == 0
     assert status.get("consecutiveFailures", 0) == 0
-    assert {"Preempted", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))
+    cluster.events_with("tiny", "Preempted", "Restarting", "DeletedRayJob", "AttemptStarted")
 
 
 def test_a_driver_that_stops_reporting_is_stalled_at_its_deadline_and_attempt_two_resumes_from_the_recorded_step(
@@ -401,4 +401,4 @@ def test_a_driver_that_stops_reporting_is_stalled_at_its_deadline_and_attempt_tw
     assert cluster.rayjob("tiny-a1") is None, "the stalled attempt's RayJob is deleted"
     status = cluster.status("tiny")
     assert status["restarts"]["stalled"] == 1 and status["consecutiveFailures"] == 1
-    assert {"Stalled", "Restarting", "DeletedRayJob", "AttemptStarted"} <= set(cluster.events("tiny"))
+    cluster.events_with("tiny", "Stalled", "Restarting", "DeletedRayJob", "AttemptStarted")

@@ -111,7 +111,7 @@ def test_kueue_admits_one_queued_run_within_the_quota_and_the_next_once_the_firs
         lambda: phase_is(cluster, "second", "Starting"), what=f"Kueue admits second\n{kueue.log_tail()}"
     )
     assert condition(status, "Queued")["status"] == "False"
-    assert "Admitted" in cluster.events("second")
+    cluster.events_with("second", "Admitted")
     kuberay.start("second-a1")
     status = eventually(lambda: phase_is(cluster, "second", "Running"), what="second Running")
     assert status["restarts"]["total"] == 0 and not status.get("consecutiveFailures"), "the wait cost nothing"

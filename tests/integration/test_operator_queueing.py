@@ -68,7 +68,7 @@ def test_a_queued_run_waits_as_queued_until_admitted_then_runs_and_a_suspend_aft
     assert QUEUE_LABELS.items() <= job["metadata"]["labels"].items()
     shown = cluster.plane.kubectl("get", "trainingrun", "tiny", "-n", cluster.namespace, "--no-headers").stdout
     assert shown.split()[1] == "Queued", shown
-    assert "Queued" in cluster.events("tiny")
+    cluster.events_with("tiny", "Queued")
     assert cluster.pods("trainingrun.dev/run=tiny") == [], "nothing runs while queued"
 
     set_suspend(cluster, "tiny-a1", False)  # admitted
@@ -78,7 +78,7 @@ def test_a_queued_run_waits_as_queued_until_admitted_then_runs_and_a_suspend_aft
     kuberay.start("tiny-a1")
     status = eventually(lambda: phase_is(cluster, "tiny", "Running"), what="run Running")
     assert status["restarts"]["total"] == 0 and not status.get("consecutiveFailures"), "the wait cost nothing"
-    assert "Admitted" in cluster.events("tiny")
+    cluster.events_with("tiny", "Admitted")
 
     set_suspend(cluster, "tiny-a1", True)  # evicted by the queue (a higher-priority workload took the quota)
     job2 = eventually(lambda: cluster.rayjob("tiny-a2"), what="RayJob tiny-a2 after the queue suspended attempt 1")

@@ -176,7 +176,10 @@ def test_an_operator_killed_mid_reconcile_restarts_without_duplicates_or_lost_st
         after = cluster.status("tiny")
         assert after["attempt"]["number"] == 1 and after["attempt"]["start"] == status["attempt"]["start"]
         assert after["startTime"] == status["startTime"]
-        assert ("CreatedRayJob" in cluster.events("tiny")) == (where == "before-create")
+        if where == "before-create":
+            cluster.events_with("tiny", "CreatedRayJob")
+        else:
+            assert "CreatedRayJob" not in cluster.events("tiny")
     finally:
         second.stop()
 

@@ -103,6 +103,19 @@ class Cluster:
     def events(self, run: str) -> list[str]:
         return [reason for reason, _ in self.event_messages(run)]
 
+    def events_with(self, run: str, *reasons: str, timeout: float = 45.0) -> list[str]:
+        """The reasons of `run`'s events once all of `reasons` are among them.
+
+        The operator posts an event after the status patch that a test waits for, so a test that asserts an
+        event right after seeing the status races it; this waits instead.
+        """
+
+        def posted() -> list[str] | None:
+            found = self.events(run)
+            return found if set(reasons) <= set(found) else None
+
+        return eventually(posted, timeout=timeout, what=f"events {sorted(reasons)} on {run}")
+
     def event_messages(self, run: str) -> list[tuple[str, str]]:
         """(reason, message) of every event on TrainingRun `run`, oldest first."""
         found = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={run}").items
