@@ -57,9 +57,11 @@ pod() { podman --runtime runc --cgroup-manager cgroupfs "$@"; }
 
 # --- the base ---------------------------------------------------------------------------------------------
 if ! pod image exists "$BASE_IMAGE"; then
-    if [[ ! -s "$BASE_TAR" ]]; then
+    if [[ ! -f "$BASE_TAR" || ! -s "$BASE_TAR" ]]; then
         log "making the base root filesystem with mmdebstrap (about 80 s)"
-        mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates,passwd \
+        rm -rf "$BASE_TAR" "$BASE_TAR.partial"   # a leftover of an interrupted or older build
+        # --format=tar: mmdebstrap guesses the format from the name, and `.partial` would make it a directory.
+        mmdebstrap --quiet --format=tar --variant=minbase --include=python3,python3-venv,ca-certificates,passwd \
             --customize-hook='chroot "$1" python3 -m venv /usr/local' bookworm "$BASE_TAR.partial"
         mv "$BASE_TAR.partial" "$BASE_TAR"
     fi
