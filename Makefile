@@ -28,12 +28,13 @@ testbed:
 images:
 	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/images/build.sh
 
-# Lint first (seconds), then every test: unit, integration (real Ray, TransferQueue, torch), cluster (real API
-# server), containers (the images, run by podman) and e2e.
-# The three set-ups run side by side: the Go builds of the test bed keep both CPUs busy while the venv and the
-# runtime image mostly wait on downloads (on a cold machine this saves the venv's and the images' minutes).
+# First the set-ups, side by side: lint (which installs the venv), the test-bed build and the images. The Go
+# builds keep both CPUs busy while the venv and the runtime image mostly wait on downloads, so on a cold machine
+# this saves the venv's and the images' minutes. (No --output-sync: it would hold each build's log until it ends;
+# every line of theirs says whose it is.) Then every test: unit, integration (real Ray, TransferQueue, torch),
+# cluster (real API server), containers (the images, run by podman) and e2e.
 test:
-	$(MAKE) --no-print-directory -j3 --output-sync=line lint testbed images
+	$(MAKE) --no-print-directory -j3 lint testbed images
 	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest
 
 test-unit: install
