@@ -37,6 +37,7 @@ BINARY_NAMES = (
 KUBERAY_CRDS = ("ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml")
 PROMETHEUS_OPERATOR_CRDS = Path("example") / "prometheus-operator-crd"
 SERVICE_MONITOR_CRD = "monitoring.coreos.com_servicemonitors.yaml"
+PROMETHEUS_RULE_CRD = "monitoring.coreos.com_prometheusrules.yaml"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -84,6 +85,10 @@ class Binaries:
     @property
     def service_monitor_crd(self) -> Path:
         return self.prometheus_operator_module_dir / PROMETHEUS_OPERATOR_CRDS / SERVICE_MONITOR_CRD
+
+    @property
+    def prometheus_rule_crd(self) -> Path:
+        return self.prometheus_operator_module_dir / PROMETHEUS_OPERATOR_CRDS / PROMETHEUS_RULE_CRD
 
     @classmethod
     def locate(cls, cache: Path | None = None) -> Binaries:

@@ -1,5 +1,5 @@
-"""The Helm chart on a real API server: lint, server-side dry-run of the rendered chart (its ServiceMonitor against
-the Prometheus Operator's own CRD), the metrics Service wired to the operator's port, no drift with manifests/, and
+"""The Helm chart on a real API server: lint, server-side dry-run of the rendered chart (its ServiceMonitor and
+PrometheusRule against the Prometheus Operator's own CRDs), the metrics Service wired to the operator's port, no drift with manifests/, and
 least privilege for real — the operator runs the preemption journey with a token minted for the chart's
 ServiceAccount, bound by the chart's ClusterRole, not as an admin."""
 
@@ -16,6 +16,7 @@ import yaml
 
 import binaries
 from support import dashboards
+from support.chart import CHART, by_kind, helm, render
 from support.operator_double import (
     REPO,
     Cluster,
@@ -26,20 +27,6 @@ from support.operator_double import (
 )
 
 pytestmark = pytest.mark.cluster
-
-CHART = REPO / "charts" / "trainingrun"
-
-
-def helm(control_plane: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(control_plane.bin_dir / "helm"), *args], capture_output=True, text=True, timeout=120)
-
-
-def render(control_plane: Any, release: str, namespace: str, *sets: str) -> str:
-    result = helm(
-        control_plane, "template", release, str(CHART), "--namespace", namespace, "--kube-version", "1.35.0", *sets
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_helm_lint_passes(control_plane: Any) -> None:
@@ -64,10 +51,6 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
     ]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert result.returncode == 0, result.stderr
-
-
-def by_kind(rendered: str) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in yaml.safe_load_all(rendered) if d}
 
 
 def test_the_metrics_service_and_servicemonitor_reach_the_operators_metrics_port(
@@ -113,6 +96,52 @@ def test_the_metrics_service_and_servicemonitor_reach_the_operators_metrics_port
     assert "Service" not in disabled and "ServiceMonitor" not in disabled
     (container,) = disabled["Deployment"]["spec"]["template"]["spec"]["containers"]
     assert "--metrics-address=" in container["args"], "no server: the operator is told so"
+
+
+def test_the_prometheusrule_carries_the_alerts_with_the_values_thresholds_and_the_crd_accepts_it(
+    control_plane: Any, namespace: str
+) -> None:
+    """Behind metrics.prometheusRule.enabled, the README's alerts as a PrometheusRule, accepted by the Prometheus
+    Operator's own CRD in a server-side dry run (test_operator_metrics loads the same rules into a real
+    Prometheus and sees them fire)."""
+    assert "PrometheusRule" not in by_kind(render(control_plane, "pr", namespace)), "off by default"
+    rendered = render(
+        control_plane,
+        "pr",
+        namespace,
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=kube-prometheus-stack",
+        "--set",
+        "metrics.prometheusRule.checkpointStaleSeconds=7200",
+        "--set",
+        "metrics.prometheusRule.notRunningFor=45m",
+    )
+    rule = by_kind(rendered)["PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert sorted(alerts) == [
+        "TrainingRunAttemptsFailing",
+        "TrainingRunCheckpointStale",
+        "TrainingRunFailed",
+        "TrainingRunLosingSteps",
+        "TrainingRunNotRunning",
+        "TrainingRunPreemptedOften",
+    ]
+    assert alerts["TrainingRunCheckpointStale"]["expr"].endswith("> 7200")
+    assert alerts["TrainingRunNotRunning"]["for"] == "45m"
+    assert "{{ $labels.namespace }}/{{ $labels.name }}" in alerts["TrainingRunFailed"]["annotations"]["summary"]
+
+    control_plane.install_crds([binaries.Binaries.locate().prometheus_rule_crd])
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "prometheusrule.monitoring.coreos.com/pr-trainingrun created (server dry run)" in result.stdout
+    assert "PrometheusRule" not in by_kind(
+        render(control_plane, "pr", namespace, "--set", "metrics.prometheusRule.enabled=true", "--set",
+               "metrics.enabled=false")
+    ), "no metrics, no rules"  # fmt: skip
 
 
 def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked(

@@ -7,19 +7,23 @@ it); a worker pod is evicted; the head is preempted; attempt 2 starts from step 
 with its checkpoint. What Prometheus must then say: one attempt ended, Preempted; three steps and one worker lost;
 two checkpoints recorded; one apply -> first RayJob, one failure -> next RayJob, two start -> first report; the
 gauges at attempt 2, Running, checkpoint step 11. Deleting the run removes its series.
+
+The chart's alerts (its PrometheusRule's groups, rendered by helm) are loaded into the same Prometheus and fire for a
+run that failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 import binaries
-from support import dashboards
+from support import chart, dashboards
 from support.operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, phase_is, tiny_run
 from support.prometheus import Prometheus
 from trainingrun_runtime import timestamps
@@ -27,20 +31,28 @@ from trainingrun_runtime import timestamps
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture
-def scraped(
-    control_plane: Any, namespace: str, tmp_path: pathlib.Path
+@contextlib.contextmanager
+def scraping(
+    control_plane: Any, namespace: str, workdir: pathlib.Path, rules: Sequence[dict[str, Any]] = ()
 ) -> Iterator[tuple[InProcessOperator, Prometheus]]:
     """The operator serving /metrics on a free loopback port, and Prometheus scraping it every second."""
     prometheus = binaries.Binaries.locate().prometheus  # the control plane found it already: never a skip
     operator = InProcessOperator(control_plane.kubeconfig, namespace, metrics_address="127.0.0.1:0").start()
     try:
         assert operator.exporter.port, "the operator serves /metrics once it is ready"
-        with Prometheus.start(prometheus, [f"127.0.0.1:{operator.exporter.port}"], tmp_path / "prometheus") as prom:
+        with Prometheus.start(prometheus, [f"127.0.0.1:{operator.exporter.port}"], workdir, rules) as prom:
             prom.wait_for_target_up()
             yield operator, prom
     finally:
         operator.stop()
+
+
+@pytest.fixture
+def scraped(
+    control_plane: Any, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[tuple[InProcessOperator, Prometheus]]:
+    with scraping(control_plane, namespace, tmp_path / "prometheus") as pair:
+        yield pair
 
 
 def report(cluster: Cluster, attempt: int, step: int, checkpoint: int) -> None:
@@ -165,3 +177,42 @@ def test_the_first_rayjob_comes_within_seconds_of_the_apply(
     assert measured is not None
     assert abs(measured - by_server.total_seconds()) <= 1.0 + 0.5, (measured, by_server)
     assert datetime.timedelta(seconds=measured) < datetime.timedelta(seconds=30)
+
+
+def test_the_charts_alerts_load_into_prometheus_and_fire_for_a_run_that_failed(
+    control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """The chart's PrometheusRule (metrics.prometheusRule.enabled), its groups loaded as they are: every rule
+    evaluates without error, and a run whose three attempts fail raises TrainingRunFailed and
+    TrainingRunAttemptsFailing for that run, with the summaries filled in."""
+    rendered = chart.render(control_plane, "alerts", namespace, "--set", "metrics.prometheusRule.enabled=true")
+    groups = chart.by_kind(rendered)["PrometheusRule"]["spec"]["groups"]
+    with scraping(control_plane, namespace, tmp_path / "prometheus", groups) as (_operator, prom):
+        cluster.apply_run(tiny_run())
+        for n in (1, 2, 3):
+            kuberay.start(f"tiny-a{n}")
+            eventually(lambda: phase_is(cluster, "tiny", "Running"), what=f"attempt {n} Running")
+            if n == 1:  # a checkpoint: the age series exists from then on
+                report(cluster, attempt=1, step=10, checkpoint=10)
+                eventually(lambda: (cluster.status("tiny").get("checkpoints") or {}).get("latest"), what="step 10")
+            kuberay.fail(f"tiny-a{n}", exit_code=1)
+        eventually(lambda: phase_is(cluster, "tiny", "Failed"), what="phase Failed")
+
+        def firing() -> dict[str, dict[str, Any]] | None:
+            found = {
+                a["labels"]["alertname"]: a
+                for a in prom.alerts()
+                if a["state"] == "firing" and a["labels"].get("namespace") == namespace
+            }
+            return found if {"TrainingRunFailed", "TrainingRunAttemptsFailing"} <= found.keys() else None
+
+        alerts = eventually(firing, timeout=60, what=f"the alerts firing\n{prom.diagnostics()}")
+        assert alerts["TrainingRunFailed"]["labels"]["severity"] == "critical"
+        assert alerts["TrainingRunFailed"]["annotations"]["summary"] == f"TrainingRun {namespace}/tiny failed"
+        assert alerts["TrainingRunAttemptsFailing"]["labels"]["class"] == "ApplicationFailure"
+        assert "TrainingRunNotRunning" not in alerts and "TrainingRunCheckpointStale" not in alerts
+        rules = prom.rules()
+        assert len(rules) == 6 and {r["health"] for r in rules} == {"ok"}, rules
+        for rule in rules:  # a misspelt series would evaluate "ok" to nothing, for ever
+            for name in dashboards.metric_names(rule["query"]):
+                assert prom.query(f'{name}{{namespace="{namespace}"}}'), f"{rule['name']}: no series {name}"

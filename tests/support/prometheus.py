@@ -6,6 +6,9 @@ static targets every second, queried through its HTTP API (PromQL).
         prom.query('trainingrun_attempt{name="tiny"}')   -> [(labels, value), ...]
         prom.value('sum(trainingrun_steps_lost_total)')  -> float | None (None: no result)
 
+`rules` (rule groups, as a PrometheusRule's spec.groups) are loaded from a rule file and evaluated every second;
+`alerts()` lists what they raise.
+
 It listens on a free loopback port and keeps its TSDB in `workdir`; stop() terminates it. Its log (`prometheus.log`
 in `workdir`) is what a failed wait shows.
 """
@@ -34,15 +37,27 @@ class Prometheus:
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, binary: pathlib.Path, targets: Sequence[str], workdir: pathlib.Path) -> Iterator[Prometheus]:
+    def start(
+        cls,
+        binary: pathlib.Path,
+        targets: Sequence[str],
+        workdir: pathlib.Path,
+        rules: Sequence[dict[str, Any]] = (),
+    ) -> Iterator[Prometheus]:
         if not binary.is_file():
             raise FileNotFoundError(f"{binary}: no prometheus binary; run `make testbed`")
         workdir.mkdir(parents=True, exist_ok=True)
+        rule_files = []
+        if rules:
+            rule_file = workdir / "rules.yml"
+            rule_file.write_text(json.dumps({"groups": list(rules)}))
+            rule_files.append(str(rule_file))
         config = workdir / "prometheus.yml"
         config.write_text(
             json.dumps(  # JSON is YAML
                 {
                     "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
+                    "rule_files": rule_files,
                     "scrape_configs": [
                         {
                             "job_name": "trainingrun-operator",
@@ -136,6 +151,14 @@ class Prometheus:
             diagnostics=lambda: f"last value: {last}\n{self.diagnostics()}",
             interval=0.5,
         )
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts the rules raise now (pending or firing): labels, annotations, state."""
+        return list(self.api("alerts")["alerts"])
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every loaded rule with its health ("ok", "err" with lastError, "unknown" before its first evaluation)."""
+        return [rule for group in self.api("rules")["groups"] for rule in group["rules"]]
 
     def wait_for_target_up(self, timeout: float = 30.0) -> None:
         waiting.wait(
