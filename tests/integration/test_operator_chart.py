@@ -1,7 +1,7 @@
 """The Helm chart on a real API server: lint, server-side dry-run of the rendered chart (its ServiceMonitor and
-PrometheusRule against the Prometheus Operator's own CRDs), the metrics Service wired to the operator's port, no drift with manifests/, and
-least privilege for real — the operator runs the preemption journey with a token minted for the chart's
-ServiceAccount, bound by the chart's ClusterRole, not as an admin."""
+PrometheusRule against the Prometheus Operator's own CRDs), the metrics Service wired to the operator's port, no
+drift with manifests/, and least privilege for real — the operator runs the preemption journey with a token minted
+for the chart's ServiceAccount, bound by the chart's ClusterRole, not as an admin."""
 
 from __future__ import annotations
 
