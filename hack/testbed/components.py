@@ -88,6 +88,23 @@ class Process:
                 continue
 
 
+class OneProcess:
+    """A controller of the bed that runs as one `Process` once started (KubeRay's operator, Kueue)."""
+
+    process: Process | None
+
+    def stop(self) -> None:
+        """Stops the process (what it made stays in the API server; nothing acts on it any more)."""
+        if self.process is not None:
+            self.process.stop()
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of its log, each line cut to 400 characters (controllers log long JSON lines)."""
+        if self.process is None:
+            return "(not started)"
+        return "\n".join(line[:400] for line in self.process.log_tail(lines).splitlines())
+
+
 class Stoppable(Protocol):
     """What the exit handlers stop: an owner of components (a `ControlPlane`), hashable by identity."""
 

@@ -23,7 +23,7 @@ class KubeRayError(RuntimeError):
 
 
 @dataclass(eq=False)
-class KubeRayOperator:
+class KubeRayOperator(components.OneProcess):
     """`start()` installs the RBAC and starts the process; `stop()` stops it (the RBAC stays)."""
 
     plane: controlplane.ControlPlane
@@ -78,12 +78,3 @@ class KubeRayOperator:
         if not self.process.alive():
             raise KubeRayError(f"kuberay-operator exited at once:\n{self.process.log_tail()}")
         return self
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def log_tail(self, lines: int = 15) -> str:
-        if self.process is None:
-            return "(not started)"
-        return "\n".join(line[:300] for line in self.process.log_tail(lines).splitlines())

@@ -104,7 +104,7 @@ def in_private_etc(command: list[str], metrics_certs: Path, scratch: Path) -> li
 
 
 @dataclass(eq=False)
-class KueueController:
+class KueueController(components.OneProcess):
     """`start()` installs the CRDs and starts Kueue (stopped with the control plane); `queue()` makes a queue."""
 
     plane: controlplane.ControlPlane
@@ -199,13 +199,3 @@ class KueueController:
         self.plane.apply(
             {"apiVersion": API, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value}
         )
-
-    def stop(self) -> None:
-        """Stops Kueue (its CRDs and objects stay; nothing acts on them any more)."""
-        if self.process is not None:
-            self.process.stop()
-
-    def log_tail(self, lines: int = 15) -> str:
-        if self.process is None:
-            return "(not started)"
-        return "\n".join(line[:400] for line in self.process.log_tail(lines).splitlines())
