@@ -17,6 +17,8 @@ processes:
     partition(...)             the pod is force-deleted but its processes keep running, optionally frozen until
                                `thaw` (a zombie attempt)
     kill_process(...)          SIGKILL a whole process group (our operator)
+    hang_container(...)        SIGSTOP to a pod's container's main process (the chart's operator hung: its
+                               liveness endpoint accepts connections and never answers)
 
 Standard library only, plus this directory's modules and `trainingrun_runtime.timestamps`.
 """
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import components
+import containerruntime
 import controlplane
 import localpod
 import podrunner
@@ -247,3 +250,16 @@ def kill_process(popen: subprocess.Popen[Any]) -> int:
         pass
     popen.wait(10)
     return popen.pid
+
+
+def hang_container(runner: podrunner.PodRunner, namespace: str, pod: str) -> str:
+    """The main process of the pod's container stops (SIGSTOP through the container runtime), as a deadlocked
+    process does: the kernel still accepts connections on its sockets, and nothing answers them, so an HTTP probe
+    times out. SIGKILL still ends it (the kubelet's kill after the grace period). Returns the container's name."""
+    local = runner.containers.find(namespace, pod) if runner.containers is not None else None
+    if local is None or local.state != "running":
+        raise ChaosError(f"the pod runner runs no container for {namespace}/{pod}")
+    result = containerruntime.podman("kill", "--signal", "SIGSTOP", local.instance, check=False)
+    if result.returncode != 0:
+        raise ChaosError(f"podman kill --signal SIGSTOP {local.instance}: {result.stderr.strip()}")
+    return local.instance

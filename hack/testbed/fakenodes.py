@@ -63,6 +63,13 @@ def node_ready(node: dict[str, Any] | None) -> bool:
     return (kubeapi.condition(node, "Ready") or {}).get("status") == "True"
 
 
+def kubelet_up(node: dict[str, Any] | None) -> bool:
+    """Whether the bed plays the kubelet of `node` now: a kwok node (annotated KWOK_ANNOTATION) that is Ready."""
+    if node is None or KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
+        return False
+    return node_ready(node)
+
+
 def node_is_schedulable(node: dict[str, Any]) -> bool:
     """Ready and without a `node.kubernetes.io/*` taint (not-ready, unreachable, ...), so pods can land."""
     taints = node.get("spec", {}).get("taints") or []

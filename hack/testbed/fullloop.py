@@ -16,7 +16,10 @@ Who uses it: the full-loop fixtures (tests/e2e/conftest.py, `FullLoopBed.running
             ├── a kwok node "fullloop-workers-…", the same but tainted WORKER_TAINT: only pods that tolerate
             │                               it land there (a cluster-shaped run's worker groups), each node with
             │                               a kwok of its own, so that one can stop heartbeating alone
-            └── kuberay.KubeRayOperator     HTTP_PROXY = the proxy
+            ├── kuberay.KubeRayOperator     HTTP_PROXY = the proxy
+            └── on demand (`add_container_node`): a kwok node "fullloop-system-…" tainted CONTAINER_TAINT, whose
+                                            pods the pod runner runs as podman containers (the chart's operator,
+                                            chartrelease.py)
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import proxy
 # pod is not deleted for good by kwok at once: the pod runner runs its preStop hook, ends its processes within its
 # grace period and then deletes it, as a kubelet does (a head in its grace period is what the preemption notice
 # relies on).
-KWOK_POD_STAGES = """\
+RUNNING_NOT_READY_STAGE = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata: {name: pod-running-not-ready}
@@ -78,7 +81,8 @@ spec:
         ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
       phase: Running
       startTime: {{ $now | Quote }}
----
+"""
+RAY_NODE_DELETE_STAGE = """\
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata: {name: pod-delete}
@@ -92,6 +96,10 @@ spec:
     finalizers: {empty: true}
     delete: true
 """
+KWOK_POD_STAGES = f"{RUNNING_NOT_READY_STAGE}---\n{RAY_NODE_DELETE_STAGE}"
+# The container node's pods: Running but not Ready at once (the pod runner reports the container), and no delete
+# stage: the runner stops the container and deletes the pod for good, as the kubelet does.
+CONTAINER_NODE_STAGES = RUNNING_NOT_READY_STAGE
 
 
 GRACE_CAP_SECONDS = 35.0
@@ -103,6 +111,14 @@ WORKER_TAINT = {"key": "trainingrun.dev/testbed-workers", "value": "true", "effe
 """On the bed's worker node: a run's worker groups tolerate it (and select WORKER_LABEL), nothing else lands there."""
 WORKER_LABEL = {"trainingrun.dev/testbed-pool": "workers"}
 """The bed's worker node carries it, as a cloud's node pool labels its nodes; a replacement node carries it too."""
+CONTAINER_TAINT = {"key": "trainingrun.dev/testbed-containers", "value": "true", "effect": "NoSchedule"}
+"""On the bed's container node: only pods that tolerate it (the chart's operator, by the chart's values) land there."""
+CONTAINER_LABEL = {"trainingrun.dev/testbed-pool": "system"}
+"""The container node's pool label, for a nodeSelector (a cluster's system pool, where operators run)."""
+CONTAINER_GRACE_CAP = 10.0
+"""A container's stop (a failed liveness probe, the pod's deletion) sends SIGKILL after at most this many seconds:
+a hung operator ignores SIGTERM, and the chart's 30 s default would add 20 s of nothing to the liveness test; a
+healthy kopf stops in about a second."""
 
 
 @dataclass(eq=False)
@@ -119,6 +135,8 @@ class FullLoopBed:
     kubelet: components.Process | None = field(init=False, default=None)
     worker_node: str = field(init=False, default="")
     worker_kubelet: components.Process | None = field(init=False, default=None)
+    container_node: str = field(init=False, default="")
+    container_kubelet: components.Process | None = field(init=False, default=None)
     cordoned: list[str] = field(init=False, default_factory=list)
 
     def start(self) -> FullLoopBed:
@@ -172,6 +190,25 @@ class FullLoopBed:
         self.plane.wait_nodes_ready([self.worker_node])
         return self.worker_node
 
+    def add_container_node(self) -> str:
+        """The node whose pods the pod runner runs as podman containers (containerpods.py), once; returns its
+        name. Only pods that select CONTAINER_LABEL and tolerate CONTAINER_TAINT land there (the chart's operator,
+        given them as values); its own kwok sets them Running but not Ready and leaves their deletion to the
+        runner."""
+        if self.container_node:
+            return self.container_node
+        name = f"fullloop-system-{uuid.uuid4().hex[:6]}"
+        self.plane.create_fake_node(
+            name, annotations={fakenodes.KWOK_ANNOTATION: name}, taints=[CONTAINER_TAINT], labels=CONTAINER_LABEL
+        )
+        stages = self.runner.workdir / "kwok-container-stages.yaml"
+        stages.write_text(CONTAINER_NODE_STAGES)
+        self.container_kubelet = self.plane.start_kwok(annotation=name, name=f"kwok-{name}", config=stages)
+        self.runner.serve_containers(name, grace_cap=CONTAINER_GRACE_CAP)
+        self.plane.wait_nodes_ready([name])
+        self.container_node = name
+        return name
+
     def start_kubelet(self, name: str) -> components.Process:
         """Starts the kwok that plays Ray node `name` (also: the kubelet of a node that stopped heartbeating, back)."""
         stages = self.runner.workdir / "kwok-stages.yaml"
@@ -179,14 +216,15 @@ class FullLoopBed:
         return self.plane.start_kwok(annotation=name, name=f"kwok-{name}", config=stages)
 
     def stop(self) -> None:
-        for part in ("kuberay_operator", "runner", "kubelet", "worker_kubelet", "forward_proxy"):
+        parts = ("kuberay_operator", "runner", "kubelet", "worker_kubelet", "container_kubelet", "forward_proxy")
+        for part in parts:
             thing = getattr(self, part, None)
             if thing is not None:
                 thing.stop()
         for name in self.cordoned:
             self.plane.kubectl("uncordon", name, check=False)
         self.cordoned.clear()
-        for node in (self.node, self.worker_node):
+        for node in (self.node, self.worker_node, self.container_node):
             if node:
                 self.plane.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false", check=False)
 

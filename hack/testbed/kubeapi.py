@@ -2,14 +2,16 @@
 writes for a bearer token, the admin's or one minted through the TokenRequest API, and reading a status condition
 out of an object it returned.
 
-Who uses it: `controlplane.ControlPlane` (readiness probes, `request`, the admin and ServiceAccount kubeconfigs)
-and `podrunner.PodRunner` (every call it makes as the kubelet, and each pod's bound token); the chaos controls
-and the tests reach it through `ControlPlane.request`; `fakenodes` and the tests read conditions (`condition`).
+Who uses it: `controlplane.ControlPlane` (readiness probes, `request`, the admin and ServiceAccount kubeconfigs),
+`podrunner.PodRunner` and `containerpods.ContainerPods` (every call they make as the kubelet, and each pod's bound
+token); the chaos controls and the tests reach it through `ControlPlane.request`; `fakenodes` and the tests read
+conditions (`condition`).
 No client library: standard library only.
 
     KubeApi(server, context, token).request("PATCH", path, body, content_type=...) -> (status, JSON or text)
         one keep-alive connection per thread; HTTP errors are returned as a status, never raised
-    service_account_kubeconfig(api, namespace, account, ...)   TokenRequest, then write_kubeconfig
+    service_account_token(api, namespace, account, ...)        TokenRequest (optionally bound to a pod)
+    service_account_kubeconfig(api, namespace, account, ...)   the same token, then write_kubeconfig
     condition(obj, "Ready")                                    a status condition of what an answer carried
 """
 
@@ -129,20 +131,18 @@ def write_kubeconfig(
     return path
 
 
-def service_account_kubeconfig(
+def service_account_token(
     api: KubeApi,
     namespace: str,
     account: str,
     *,
-    ca_file: Path,
-    out: Path,
     expiration_seconds: int = 3600,
     audiences: Sequence[str] | None = None,
     bound_pod: dict[str, Any] | None = None,
-) -> Path:
-    """Mints a token for ServiceAccount `namespace/account` through the TokenRequest API (with an admin `api`)
-    and writes a kubeconfig for it to `out`. `bound_pod` (the pod object) binds the token to that pod, as a
-    kubelet's projected token is: it stops working once the pod is gone."""
+) -> str:
+    """Mints a token for ServiceAccount `namespace/account` through the TokenRequest API (with an admin `api`).
+    `bound_pod` (the pod object) binds the token to that pod, as a kubelet's projected token is: it stops working
+    once the pod is gone."""
     spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
     if audiences:
         spec["audiences"] = list(audiences)
@@ -158,11 +158,29 @@ def service_account_kubeconfig(
         raise TokenRequestFailed(
             f"TokenRequest for serviceaccount {namespace}/{account}{bound} returned {status}: {body}"
         )
+    return str(body["status"]["token"])
+
+
+def service_account_kubeconfig(
+    api: KubeApi,
+    namespace: str,
+    account: str,
+    *,
+    ca_file: Path,
+    out: Path,
+    expiration_seconds: int = 3600,
+    audiences: Sequence[str] | None = None,
+    bound_pod: dict[str, Any] | None = None,
+) -> Path:
+    """A token from `service_account_token` (same arguments) in a kubeconfig written to `out`."""
+    token = service_account_token(
+        api, namespace, account, expiration_seconds=expiration_seconds, audiences=audiences, bound_pod=bound_pod
+    )
     return write_kubeconfig(
         out,
         server=api.server,
         ca_file=ca_file,
-        token=str(body["status"]["token"]),
+        token=token,
         user=f"system:serviceaccount:{namespace}:{account}",
         namespace=namespace,
     )

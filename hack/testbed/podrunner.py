@@ -1,4 +1,6 @@
-"""The pod runner: a TEST COMPONENT that plays the kubelet for Ray pods, because this machine has no container runtime.
+"""The pod runner: a TEST COMPONENT that plays the kubelet: for Ray pods as local processes (no Docker engine here;
+Ray pods as containers are not played yet), and for the pods bound to its container nodes (the chart's operator)
+as podman containers (containerpods.py).
 
 Who uses it: `fullloop.FullLoopBed` (the full-loop tests and `hack/testbed/fullloop.py up`), `chaos` and the
 pod-runner tests (tests/integration/test_podrunner.py).
@@ -30,7 +32,10 @@ kwok still plays the pods' phase (Running, a fake pod IP, deletion); this runner
           │                 A node that is only not Ready (its kubelet stopped posting status: a blip) keeps its
           │                 processes running, untended, as a real machine would (`chaos.lapse_node`;
           │                 `chaos.fail_node` also kills them)
-          └── provisioner ─> a hostPath PV pre-bound by claimRef for every pending PVC (provisioner.py)
+          ├── provisioner ─> a hostPath PV pre-bound by claimRef for every pending PVC (provisioner.py)
+          └── containers ──> every pod bound to a container node (`serve_containers`: the bed's node for the
+                            chart's operator) runs as a real podman container instead: security context,
+                            projected ServiceAccount token and CA, probes, restarts (containerpods.py)
 
 Every process of a pod carries localpod.POD_MARKER=<pod uid> in its environment, so a kill finds the Ray workers
 too. Standard library only, plus this directory's modules and `trainingrun_runtime.timestamps`.
@@ -56,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import components
+import containerpods
 import controlplane
 import fakenodes
 import kubeapi
@@ -111,6 +117,9 @@ class PodRunner:
     _stopping: threading.Event = field(init=False, default_factory=threading.Event)
     _mountpoints: mountpoints.Mountpoints = field(init=False, default_factory=mountpoints.Mountpoints)
     _extra_env: list[tuple[dict[str, str], dict[str, str]]] = field(init=False, default_factory=list)
+    # The nodes whose pods run as podman containers, and those containers (made when the first node is served).
+    container_nodes: set[str] = field(init=False, default_factory=set)
+    containers: containerpods.ContainerPods | None = field(init=False, default=None)
     _pass_error: str = field(init=False, default="")
 
     @classmethod
@@ -145,6 +154,8 @@ class PodRunner:
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
+        if self.containers is not None:
+            self.containers.stop()
         with self._lock:
             pods = list(self.pods.values())
         for pod in pods:
@@ -209,6 +220,17 @@ class PodRunner:
             self._kill(pod, f"node {node} failed", grace=0.0, final_state="killed", wait=True)
         return victims
 
+    def serve_containers(self, node: str, *, grace_cap: float = 10.0) -> containerpods.ContainerPods:
+        """From the next pass on, every pod bound to `node` (other than a Ray pod) runs as a podman container
+        (containerpods.py), each stopped within at most `grace_cap` seconds. Returns the containers' keeper."""
+        with self._lock:
+            if self.containers is None:
+                self.containers = containerpods.ContainerPods(
+                    self._api, self.workdir, record=self._record, remove=self._remove, grace_cap=grace_cap
+                )
+            self.container_nodes.add(node)
+            return self.containers
+
     def claim_directory(self, namespace: str, claim: str) -> Path:
         """Where PVC `namespace/claim`'s data lives on this machine (the PV's hostPath)."""
         return self._volumes.claim_directory(namespace, claim)
@@ -224,6 +246,8 @@ class PodRunner:
                 lines.append(
                     f"--- {pod.key} ({pod.role}, {pod.state}, exit {pod.exit_code}) {pod.log_path}\n{pod.log_tail(15)}"
                 )
+        if self.containers is not None:
+            lines += self.containers.describe()
         return "\n".join(lines)
 
     # -- the loop ------------------------------------------------------------------------------------------
@@ -275,14 +299,25 @@ class PodRunner:
         for local in gone:
             if local.state != "killing":
                 self._kill(local, "pod gone", grace=local.grace_seconds, final_state="killed")
+        self._sync_containers(nodes)
         self._sync_routes()
+
+    def _sync_containers(self, nodes: dict[str, dict[str, Any]]) -> None:
+        """The pods bound to the container nodes (Ray pods there stay processes), to the containers' keeper."""
+        with self._lock:
+            containers, served = self.containers, sorted(self.container_nodes)
+        if containers is None:
+            return
+        bound = []
+        for node in served:
+            selector = urllib.parse.quote(f"spec.nodeName={node}")
+            bound += [p for p in self._api.items(f"/api/v1/pods?fieldSelector={selector}") if not podspec.plays(p)]
+        containers.sync(bound, nodes)
 
     @staticmethod
     def _kubelet_up(node: dict[str, Any] | None) -> bool:
         """Whether the runner plays the kubelet of `node` now: a kwok node that is Ready."""
-        if node is None or fakenodes.KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}):
-            return False
-        return fakenodes.node_ready(node)
+        return fakenodes.kubelet_up(node)
 
     def _should_start(self, pod: dict[str, Any], node: dict[str, Any] | None) -> bool:
         meta, status = pod["metadata"], pod.get("status", {})

@@ -5,6 +5,10 @@ Pure: they are built here and sent by `podrunner.PodRunner._patch`.
     running(pod, ready=True)    Ready=True once Ray answers (as after a readiness probe)
     terminated(...)             the container's termination: phase Failed/Succeeded under restartPolicy Never,
                                 or, with `waiting`, CrashLoopBackOff before a restart
+    container(...)              a container the pod runner runs with podman (containerpods.py): its whole status
+                                (state, lastState, restartCount, image and container ids) and the pod's readiness
+
+`containerStatuses` is an atomic list (no merge key): each patch carries the container's whole status.
 """
 
 from __future__ import annotations
@@ -74,3 +78,41 @@ def terminated(
     if phase:
         status["phase"] = phase
     return {"status": status}
+
+
+def container(
+    *,
+    name: str,
+    image: str,
+    image_id: str,
+    container_id: str,
+    restarts: int,
+    ready: bool,
+    state: dict[str, Any],
+    last_terminated: dict[str, Any] | None,
+    when: str,
+) -> dict[str, Any]:
+    """One container's whole status (`state`: {"running": ...}, {"waiting": ...} or {"terminated": ...}; the
+    previous instance's termination as `lastState`), and the pod Ready when it is."""
+    status = {
+        "name": name,
+        "image": image,
+        "imageID": image_id,
+        "containerID": container_id or None,
+        "ready": ready,
+        "started": "running" in state,
+        "restartCount": restarts,
+        "state": state,
+        "lastState": {"terminated": _present(last_terminated)} if last_terminated else {},
+    }
+    return {
+        "status": {
+            "conditions": _readiness(ready, when, None if ready else "ContainersNotReady"),
+            "containerStatuses": [_present(status)],
+        }
+    }
+
+
+def _present(fields: dict[str, Any]) -> dict[str, Any]:
+    """Without the fields that have no value (a null in a patch would be a deletion directive)."""
+    return {k: v for k, v in fields.items() if v is not None}

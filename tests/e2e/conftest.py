@@ -6,6 +6,9 @@
             HTTP_PROXY = the proxy)
       └── trainingrun_operator (module): `trainingrun operator` in its own process group, authenticated as the
             chart's ServiceAccount (RBAC rendered from charts/trainingrun by helm, applied as is)
+      └── chart_operator (module): instead, charts/trainingrun installed by `helm install` with the operator image
+            (`make images`); its pod runs as a podman container that the pod runner plays (chartrelease.py).
+            Never in the same module as `trainingrun_operator`: each acts on every namespace's runs
 
 Module scope, not session scope: while the bed is up, KubeRay acts on every RayJob and the other nodes are
 cordoned, which the operator's own cluster tests (with their KubeRay test double) must not see. Starting the bed
@@ -21,11 +24,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+import chartrelease
 import controlplane
 import examples
 import fullloop
 import ourop
-from support import waiting
+from support import containers, waiting
 
 OPERATOR_NAMESPACE = "trainingrun-system"
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -49,6 +53,26 @@ def trainingrun_operator(
         process.stop()
 
 
+@pytest.fixture(scope="module")
+def chart_operator(
+    request: pytest.FixtureRequest, control_plane: controlplane.ControlPlane, full_loop: fullloop.FullLoopBed
+) -> Iterator[chartrelease.ChartRelease]:
+    both = [
+        item.name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        and "trainingrun_operator" in getattr(item, "fixturenames", ())
+    ]
+    if both:
+        pytest.fail(f"{both} ask for the process operator in a module with the chart's: two operators", pytrace=False)
+    containers.image("operator")  # rebuilt first if its inputs changed since it was built
+    release = chartrelease.ChartRelease(control_plane, full_loop)
+    try:
+        yield release.install()
+    finally:
+        release.uninstall()
+
+
 @pytest.fixture
 def operator(trainingrun_operator: ourop.OperatorProcess) -> ourop.OperatorProcess:
     """Our operator, alive at the start of the test (restarted if an earlier test killed it)."""
@@ -63,7 +87,7 @@ class Loop:
 
     plane: controlplane.ControlPlane
     bed: fullloop.FullLoopBed
-    operator: ourop.OperatorProcess | None = None
+    operator: ourop.OperatorProcess | chartrelease.ChartRelease | None = None
 
     def diagnostics(self) -> str:
         ours = f"\n--- trainingrun operator log\n{self.operator.log_tail()}" if self.operator else ""
@@ -144,6 +168,18 @@ def loop(
     yield Loop(control_plane, full_loop, operator)
     if not operator.alive():
         operator.start()
+    clean_up(control_plane, namespace)
+
+
+@pytest.fixture
+def chart_loop(
+    control_plane: controlplane.ControlPlane,
+    full_loop: fullloop.FullLoopBed,
+    chart_operator: chartrelease.ChartRelease,
+    namespace: str,
+) -> Iterator[Loop]:
+    """The loop with the chart's operator (a container) instead of the process."""
+    yield Loop(control_plane, full_loop, chart_operator)
     clean_up(control_plane, namespace)
 
 

@@ -5,37 +5,30 @@
     containers.exec_(name, "id", "-u").stdout
     containers.remove(name)
 
-podman is configured as hack/images/build.sh configures it (its containers.conf under the cache). A missing
-podman or a failing build fails the test with the command to run; nothing here skips.
+podman runs as the test bed runs it (hack/testbed/containerruntime.py: its containers.conf under the cache). A
+missing podman or a failing build fails the test with the command to run; nothing here skips.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import containerruntime
+
 __all__ = ["exec_", "image", "logs", "podman", "remove", "run", "unique_name"]
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "trainingrun")) / "images"
 
 
 def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """One podman command, with the test bed's runtime settings."""
-    if shutil.which("podman") is None:
-        raise AssertionError("podman is not installed: run `make images` (it installs podman, runc and mmdebstrap)")
-    env = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf")}
-    result = subprocess.run(
-        ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )  # fmt: skip
-    if check and result.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args[:3])} ... failed ({result.returncode}): {result.stderr[-3000:]}")
-    return result
+    """One podman command, with the test bed's runtime settings; a failure (when `check`) fails the test."""
+    try:
+        return containerruntime.podman(*args, check=check, timeout=timeout)
+    except containerruntime.PodmanError as err:
+        raise AssertionError(str(err)) from None
 
 
 def image(name: str) -> str:
@@ -45,7 +38,7 @@ def image(name: str) -> str:
         ["bash", str(REPO / "hack" / "images" / "build.sh"), name], capture_output=True, text=True, timeout=3600
     )
     assert build.returncode == 0, f"make images failed:\n{build.stdout[-2000:]}\n{build.stderr[-3000:]}"
-    return f"localhost/trainingrun-{name}:{os.environ.get('IMAGE_TAG') or 'dev'}"
+    return containerruntime.image_ref(name)
 
 
 def run(

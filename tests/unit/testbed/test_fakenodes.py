@@ -60,3 +60,12 @@ def test_a_pod_with_the_lone_nodes_fields_selects_it_and_tolerates_its_taint() -
     (toleration,) = fields["tolerations"]
     taint = fakenodes.LoneNode.taint("doomed-1")
     assert toleration == {**taint, "operator": "Equal"}
+
+
+def test_the_bed_plays_the_kubelet_only_of_a_ready_kwok_node() -> None:
+    played = fakenodes.fake_node("n1")
+    played["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    assert fakenodes.kubelet_up(played)
+    assert not fakenodes.kubelet_up({**played, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}})
+    assert not fakenodes.kubelet_up({**played, "metadata": {"name": "real", "annotations": {}}})
+    assert not fakenodes.kubelet_up(None)

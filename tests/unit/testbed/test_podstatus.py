@@ -1,0 +1,48 @@
+"""The status the pod runner reports for a container it runs with podman (hack/testbed/podstatus.py `container`):
+the whole container status in each patch (containerStatuses is an atomic list), and the pod's readiness."""
+
+from __future__ import annotations
+
+import podstatus
+
+
+def test_a_restarted_container_reports_its_count_the_last_termination_and_runs_ready() -> None:
+    last = {"exitCode": 137, "reason": "Error", "startedAt": "t0", "finishedAt": "t1", "containerID": None}
+    body = podstatus.container(
+        name="operator",
+        image="localhost/trainingrun-operator:dev",
+        image_id="sha256:abc",
+        container_id="podman://123",
+        restarts=1,
+        ready=True,
+        state={"running": {"startedAt": "t2"}},
+        last_terminated=last,
+        when="t2",
+    )
+    (status,) = body["status"]["containerStatuses"]
+    assert status["restartCount"] == 1 and status["ready"] and status["started"]
+    assert status["lastState"] == {"terminated": {k: v for k, v in last.items() if v is not None}}
+    assert {c["type"]: c["status"] for c in body["status"]["conditions"]} == {
+        "Ready": "True",
+        "ContainersReady": "True",
+    }
+
+
+def test_a_container_not_yet_running_has_no_id_and_the_pod_is_not_ready() -> None:
+    body = podstatus.container(
+        name="operator",
+        image="i",
+        image_id="",
+        container_id="",
+        restarts=0,
+        ready=False,
+        state={"waiting": {"reason": "ErrImageNeverPull"}},
+        last_terminated=None,
+        when="t",
+    )
+    (status,) = body["status"]["containerStatuses"]
+    assert "containerID" not in status and status["lastState"] == {} and not status["started"]
+    assert {c["type"]: c["status"] for c in body["status"]["conditions"]} == {
+        "Ready": "False",
+        "ContainersReady": "False",
+    }
