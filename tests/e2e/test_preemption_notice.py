@@ -166,7 +166,9 @@ def test_a_notice_during_a_periodic_save_is_answered_by_that_save(graceful: Loop
     status = loop.run_status(namespace, "gd")
     by_1 = [c for c in history(status) if c["attempt"] == 1]
     assert [c["step"] for c in by_1] == [save_period, 2 * save_period], by_1
-    assert [c.get("reason") for c in by_1] == ["Periodic", "Periodic"], by_1
+    # Step 10's save answered the notice; recorded from its periodic report, or, when the operator had ended the
+    # attempt before that report came, from the driver's second report of it as the notice's.
+    assert by_1[0].get("reason") == "Periodic" and by_1[1].get("reason") in ("Periodic", NOTICE), by_1
     ended = status["attempts"][0]
     assert ended["reason"] == "Preempted" and ended["stepsLost"] == 0, ended
     assert status["attempt"]["resumedFrom"] == 2 * save_period, status["attempt"]

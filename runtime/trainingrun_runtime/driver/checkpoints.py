@@ -117,6 +117,20 @@ class Checkpoints:
         if task is not None:
             await task
 
+    async def answers_notice(self) -> None:
+        """This attempt's newest checkpoint answers the head's notice (it was being saved, or was saved, at the step
+        the notice found): report it again, with reason PreemptionNotice. The operator may have ended the attempt as
+        the head's deletion began, before the checkpoint's first report came; it then records only the notice's
+        checkpoint (`decision._late_notice_checkpoint`), and this one is it: the driver trains no more after it. A
+        report the operator has recorded already changes nothing (same step, attempt and path)."""
+        a = self._args
+        if self.last is None or self.last["attempt"] != a.attempt or self.last.get("reason") == PREEMPTION_NOTICE:
+            return
+        again = self.last.copy()
+        again["reason"] = PREEMPTION_NOTICE
+        self.last = again
+        await self._reports.checkpoint()
+
     def raise_if_failed(self) -> None:
         """Re-raise the background commit's failure, if it has failed (without waiting for it)."""
         if self._commit is not None and self._commit.done() and not self._commit.cancelled():

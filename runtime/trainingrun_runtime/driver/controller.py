@@ -387,6 +387,7 @@ class SingleController:
             await ckpt.settle()  # a save under way finishes either way (an older step's is still worth having)
             if ckpt.last is not None and ckpt.last["step"] == step:  # one checkpoint of this step, not two
                 how = "was being saved when the notice came" if under_way == step else "was saved already"
+                await ckpt.answers_notice()
                 answer = notice.Answer(step, f"step {step} {how}")
             elif notice.time_for_a_save(time.time(), n.deadline, ckpt.save_s):
                 reward = self.rewards[-1] if self.rewards else None
