@@ -423,14 +423,7 @@ class ContainerPods:
         )
         if phase:
             body["status"]["phase"] = phase
-        status, answer = self.api.request(
-            "PATCH",
-            f"/api/v1/namespaces/{local.namespace}/pods/{local.name}/status",
-            body,
-            content_type=podstatus.PATCH_CONTENT_TYPE,
-        )
-        if status not in (200, 404):
-            log.warning("patching %s status returned %s: %s", local.key, status, answer)
+        self.api.patch_pod_status(local.namespace, local.name, body, content_type=podstatus.PATCH_CONTENT_TYPE)
 
     def _event(self, local: ContainerPod, kind: str, reason: str, message: str) -> None:
         """An Event on the pod, as the kubelet posts it (`kubectl describe pod` shows it), and a line in the

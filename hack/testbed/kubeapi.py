@@ -10,6 +10,7 @@ No client library: standard library only.
 
     KubeApi(server, context, token).request("PATCH", path, body, content_type=...) -> (status, JSON or text)
         one keep-alive connection per thread; HTTP errors are returned as a status, never raised
+    KubeApi(...).patch_pod_status(namespace, name, body, content_type=...)   a kubelet's status report (404: gone)
     service_account_token(api, namespace, account, ...)        TokenRequest (optionally bound to a pod)
     service_account_kubeconfig(api, namespace, account, ...)   the same token, then write_kubeconfig
     condition(obj, "Ready")                                    a status condition of what an answer carried
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import ssl
 import threading
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class KubeApiError(RuntimeError):
@@ -57,6 +61,15 @@ class KubeApi:
         self._host, self._port = parsed.hostname or "127.0.0.1", parsed.port or 443
         self._context, self._token, self._timeout = context, token, timeout
         self._local = threading.local()
+
+    def patch_pod_status(self, namespace: str, name: str, body: dict[str, Any], *, content_type: str) -> None:
+        """A pod's status as the kubelet reports it (a PATCH of pods/status). A pod deleted meanwhile (404) is no
+        error; any other failure is logged, and the next report carries the whole status again."""
+        status, answer = self.request(
+            "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", body, content_type=content_type
+        )
+        if status not in (200, 404):
+            log.warning("patching %s/%s status returned %s: %s", namespace, name, status, answer)
 
     def request(
         self,

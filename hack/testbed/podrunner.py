@@ -608,14 +608,7 @@ class PodRunner:
     # -- status --------------------------------------------------------------------------------------------
 
     def _patch(self, local: localpod.LocalPod, body: dict[str, Any]) -> None:
-        status, answer = self._api.request(
-            "PATCH",
-            f"/api/v1/namespaces/{local.namespace}/pods/{local.name}/status",
-            body,
-            content_type=podstatus.PATCH_CONTENT_TYPE,
-        )
-        if status not in (200, 404):
-            log.warning("patching %s status returned %s: %s", local.key, status, answer)
+        self._api.patch_pod_status(local.namespace, local.name, body, content_type=podstatus.PATCH_CONTENT_TYPE)
 
     # -- services -> proxy routes --------------------------------------------------------------------------
 
