@@ -6,7 +6,8 @@ the first that matches decides (a disrupted head explains a failed job, so it is
 verdict):
 
 1. the driver reported a restore error for this attempt           -> FailedRestore
-   the head pod is being deleted and its grace period has not ended (the driver may be saving on its preStop
+   the head pod is being deleted and its grace period has not ended, or it has DisruptionTarget, is not deleted
+   yet and its grace period counted from the condition has not ended (the driver may be saving on its preStop
    notice, `trainingrun_runtime.driver.notice`), its container runs, the driver has no verdict yet
                                                                   -> still going (`grace_left` says until when);
    ending it now would drop the notice checkpoint's report (an ended attempt's reports are not recorded)
@@ -168,16 +169,25 @@ def _not_ready_head(obs: AttemptObservation) -> PodObservation | None:
 
 
 def _draining_head(obs: AttemptObservation, ctx: Context) -> float | None:
-    """Seconds left of a deleted head's grace period (plus slack) while its driver may still save on the notice;
-    None when the head is not draining (not deleted, already stopped, its node down, the driver done)."""
+    """Seconds left (plus slack) while a disrupted head's driver may still save on the notice: a deleted head until
+    its grace period ends; a head with DisruptionTarget but no deletion yet until the pod's grace period, counted from
+    the condition, ends (the eviction API and the scheduler set the condition first and delete just after; the kubelet
+    kills within the grace period). None when the head is not draining (neither, stopped, its node down, the driver
+    done)."""
     head, job = obs.head, obs.rayjob
-    if obs.backend != "kuberay" or head is None or not head.deleting or head.deletion_deadline is None:
+    if obs.backend != "kuberay" or head is None:
+        return None
+    if head.deleting and head.deletion_deadline is not None:
+        end = head.deletion_deadline
+    elif head.disruption and head.disruption_since is not None and not head.deleting:
+        end = head.disruption_since + datetime.timedelta(seconds=head.grace_seconds)
+    else:
         return None
     if head.phase != "Running" or head.node_ready is False or head.node_gone or obs.exit_code is not None:
         return None
     if job is not None and job.job_status in _JOB_ENDED:
         return None
-    left = (head.deletion_deadline - ctx.now).total_seconds() + DRAIN_SLACK_SECONDS
+    left = (end - ctx.now).total_seconds() + DRAIN_SLACK_SECONDS
     return left if left > 0 else None
 
 

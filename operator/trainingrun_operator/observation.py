@@ -32,6 +32,8 @@ __all__ = [
 EVICTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Terminated", "NodeShutdown"})
 """pod.status.reason values that mean the platform, not the program, ended the pod."""
 
+DEFAULT_GRACE_SECONDS = 30.0
+"""A pod's termination grace period when its spec does not say (the API server's default)."""
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 
 
@@ -61,6 +63,8 @@ class PodObservation:
         ""  # reason of a True DisruptionTarget condition: PreemptionByScheduler, EvictionByEvictionAPI, ...
     )
     deletion_deadline: datetime.datetime | None = None  # a deleted pod's deletionTimestamp: its grace period's end
+    disruption_since: datetime.datetime | None = None  # the True DisruptionTarget condition's lastTransitionTime
+    grace_seconds: float = DEFAULT_GRACE_SECONDS  # spec.terminationGracePeriodSeconds
     node_name: str = ""
     node_ready: bool | None = None  # None: not scheduled or not known
     node_ready_changed: datetime.datetime | None = None  # the node's Ready condition's lastTransitionTime
@@ -122,6 +126,22 @@ def _true_condition_reason(conditions: Iterable[Mapping[str, Any]], kind: str) -
     return ""
 
 
+def _true_condition_since(conditions: Iterable[Mapping[str, Any]], kind: str) -> datetime.datetime | None:
+    for cond in conditions:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return _time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _grace_seconds(value: Any) -> float:
+    """spec.terminationGracePeriodSeconds (the API server defaults it to 30)."""
+    return (
+        float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+        else DEFAULT_GRACE_SECONDS
+    )
+
+
 def node_ready(node: Mapping[str, Any] | None) -> bool | None:
     """True/False from a node's Ready condition; None when there is no node object."""
     if node is None:
@@ -181,6 +201,8 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         deletion_deadline=_time(meta.get("deletionTimestamp")),
         reason=str(status.get("reason") or ""),
         disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
+        disruption_since=_true_condition_since(status.get("conditions") or [], "DisruptionTarget"),
+        grace_seconds=_grace_seconds(spec.get("terminationGracePeriodSeconds")),
         node_name=node_name,
         node_ready=node_ready(node),
         node_ready_changed=node_ready_changed(node),

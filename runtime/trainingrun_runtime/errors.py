@@ -9,6 +9,7 @@ library.
 from __future__ import annotations
 
 __all__ = [
+    "AttemptEnded",
     "CheckpointCorrupt",
     "ConfigMismatch",
     "DataPlaneError",
@@ -66,6 +67,10 @@ class LedgerError(TrainingRunError):
 
 class Superseded(TrainingRunError):
     """A newer attempt owns the run directory: this attempt must stop writing to it (retrying cannot help)."""
+
+
+class AttemptEnded(Superseded):
+    """The operator ended this attempt before the newest checkpoint's retention: write no more (it answers a notice)."""
 
 
 class RestoreFailed(TrainingRunError):

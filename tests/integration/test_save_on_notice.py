@@ -120,3 +120,26 @@ def test_a_notice_during_a_periodic_save_is_answered_by_that_save(root: Path) ->
     assert sorted(saved) == [4] and saved[4]["reason"] == "Periodic"
     committed = [e["step"] for e in events.read(root / "during.jsonl") if e["event"] == "checkpoint_committed"]
     assert committed == [4]
+
+
+def test_a_save_under_way_still_answers_the_notice_when_the_operator_had_already_ended_the_attempt(
+    root: Path,
+) -> None:
+    # The operator may end the attempt before the head's deletion shows (the eviction API sets DisruptionTarget, then
+    # deletes): the commit's retention then finds the attempt ended. The checkpoint is complete and reported all the
+    # same; it is reported again as the notice's, which the operator records for an ended attempt.
+    run = "ended"
+    proc = launcher.start(
+        run=run, attempt=1, root=root, config=CONFIG, crash_at="policy_saved@4~3", event_log=root / f"{run}.jsonl"
+    )
+    held(root, run, "policy_saved", 4)
+    status = {"attempt": {"number": 1, "end": "2026-01-01T00:00:00Z", "reason": "Preempted"}}
+    (root / run / "status.json").write_text(json.dumps(status))
+    notice.request(root, run, 1, deadline=time.time() + 60, reason="test: the head pod is being evicted")
+    assert proc.wait(300) == 5, proc.output()[-3000:]
+    assert answer(root, run)["step"] == 4
+    assert "still answers the head's notice" in proc.output()
+    saved = steps_on_disk(root, run)
+    assert sorted(saved) == [4] and saved[4]["reason"] == "Periodic"
+    report = json.loads((root / run / "attempts" / "1" / "runtime.json").read_text())
+    assert report["lastCheckpoint"]["step"] == 4 and report["lastCheckpoint"]["reason"] == "PreemptionNotice"

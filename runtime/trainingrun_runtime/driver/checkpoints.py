@@ -9,7 +9,8 @@
       train_dataloader.pt ← the loader place and sampler cursor read in the cut
       fence ("rename"); commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
       report status.runtime.lastCheckpoint (only now); retention that keeps the step the operator would resume
-      from (read from the status); an attempt the operator has already ended stops here (Superseded)
+      from (read from the status); an attempt the operator has already ended stops here (AttemptEnded, a
+      Superseded: the checkpoint is complete and reported, and still answers the head's notice)
 
 An `InventoryMismatch` in the cut abandons that save (logged) and training goes on; any other failure discards
 the pending save and is raised, by `save` or, for the background part, by the next `save`, `raise_if_failed` or
@@ -35,7 +36,7 @@ from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.driver import reporting
 from trainingrun_runtime.driver.telemetry import DriverMetrics
-from trainingrun_runtime.errors import InventoryMismatch, Superseded
+from trainingrun_runtime.errors import AttemptEnded, InventoryMismatch
 from trainingrun_runtime.storage import fence, layout, retention
 
 if TYPE_CHECKING:
@@ -117,6 +118,17 @@ class Checkpoints:
         if task is not None:
             await task
 
+    async def settle_for_the_notice(self) -> None:
+        """`settle()`, before the answer to the head's notice: a commit whose retention found the attempt ended
+        (`AttemptEnded`: the operator saw the head's DisruptionTarget before its deletion, or the save outlasted a
+        pass) was committed and reported, so it is still this attempt's newest checkpoint and answers the notice. The
+        driver stops after the answer either way. Any other failure is raised as it was."""
+        try:
+            await self.settle()
+        except AttemptEnded as e:
+            step = None if self.last is None else self.last["step"]
+            log.warning("%s; step %s still answers the head's notice", e, step)
+
     async def answers_notice(self) -> None:
         """This attempt's newest checkpoint answers the head's notice (it was being saved, or was saved, at the step
         the notice found): report it again, with reason PreemptionNotice. The operator may have ended the attempt as
@@ -195,7 +207,7 @@ class Checkpoints:
             log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
             return
         if view.ended(a.attempt):
-            raise Superseded(
+            raise AttemptEnded(
                 f"the operator ended attempt {a.attempt} (its current attempt: {view.attempt}); this driver lives on "
                 "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
             )

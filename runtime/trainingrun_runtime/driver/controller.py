@@ -384,7 +384,7 @@ class SingleController:
         answer = notice.Answer(step=None, why="")
         try:
             under_way = ckpt.committing
-            await ckpt.settle()  # a save under way finishes either way (an older step's is still worth having)
+            await ckpt.settle_for_the_notice()  # a save under way finishes either way (an older step's is worth having)
             if ckpt.last is not None and ckpt.last["step"] == step:  # one checkpoint of this step, not two
                 how = "was being saved when the notice came" if under_way == step else "was saved already"
                 await ckpt.answers_notice()
@@ -392,7 +392,7 @@ class SingleController:
             elif notice.time_for_a_save(time.time(), n.deadline, ckpt.save_s):
                 reward = self.rewards[-1] if self.rewards else None
                 await ckpt.save(step, reward, self._capture, checkpoints.PREEMPTION_NOTICE)
-                await ckpt.settle()
+                await ckpt.settle_for_the_notice()
                 saved = ckpt.last is not None and ckpt.last["step"] == step
                 answer = notice.Answer(step if saved else None, "saved on the notice" if saved else "save abandoned")
             else:

@@ -574,6 +574,46 @@ def test_a_driver_that_saved_on_the_notice_and_stopped_is_preempted() -> None:
     assert outcome is not None and outcome.failure is PRE
 
 
+DISRUPTED_HEAD = dataclasses.replace(
+    HEAD, disruption="EvictionByEvictionAPI", disruption_since=ago(2), grace_seconds=30
+)
+"""The API server's first write of an eviction: DisruptionTarget, 2 s ago; the deletion has not shown yet."""
+
+
+def test_a_head_with_disruption_target_not_yet_deleted_keeps_the_attempt_until_its_grace_from_the_condition_ends() -> (
+    None
+):
+    observed = obs(pods=(DISRUPTED_HEAD, WORKER))
+    assert classify(observed, ctx()) is None  # its deletion, and the notice to the driver, are on the way
+    assert grace_left(observed, ctx()) == pytest.approx(33.0)  # 28 s of grace left, 5 s for the kill to show
+    deleted = dataclasses.replace(DISRUPTED_HEAD, deleting=True, deletion_deadline=soon(20))
+    assert grace_left(obs(pods=(deleted, WORKER)), ctx()) == pytest.approx(25.0)  # then the deletion's deadline rules
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        dataclasses.replace(DISRUPTED_HEAD, disruption_since=ago(36)),
+        dataclasses.replace(DISRUPTED_HEAD, phase="Failed"),
+        dataclasses.replace(DISRUPTED_HEAD, disruption_since=None),
+    ],
+    ids=["its grace from the condition is over", "its container ended", "the condition says no time"],
+)
+def test_a_head_with_disruption_target_that_cannot_be_draining_is_preempted_at_once(head: PodObservation) -> None:
+    outcome = classify(obs(pods=(head, WORKER)), ctx())
+    assert outcome is not None and outcome.failure is PRE and "DisruptionTarget" in outcome.detail
+
+
+def test_pod_observation_reads_when_disruption_target_came_and_the_pods_grace_period() -> None:
+    condition = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                 "lastTransitionTime": "2025-01-01T11:59:58Z"}  # fmt: skip
+    pod = {"metadata": {"name": "h"}, "spec": {"terminationGracePeriodSeconds": 15},
+           "status": {"phase": "Running", "conditions": [condition]}}  # fmt: skip
+    seen = observation.pod_observation(pod, None)
+    assert (seen.disruption, seen.disruption_since, seen.grace_seconds) == ("PreemptionByScheduler", ago(2), 15.0)
+    assert observation.pod_observation({"metadata": {"name": "h"}}, None).grace_seconds == 30.0  # the API default
+
+
 def test_pod_observation_reads_the_end_of_a_deleted_pods_grace_period() -> None:
     pod = {"metadata": {"name": "h", "deletionTimestamp": "2025-01-01T12:00:20Z"}, "status": {"phase": "Running"}}
     assert observation.pod_observation(pod, None).deletion_deadline == soon(20)
