@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,6 +34,49 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+RAY_WORKER_PORTS_END = 20000
+"""Ray's default worker ports are 10002-19999; the ports the pod runner gives its Ray pods start above them."""
+
+
+def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
+    """The kernel's ephemeral port range (what a bind to port 0, or an outgoing connection, is given)."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def bindable(port: int) -> bool:
+    """Whether a listening socket can take 127.0.0.1:`port` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pod_ports(count: int, *, ephemeral: tuple[int, int] | None = None) -> list[int]:
+    """`count` distinct free loopback ports for one Ray pod, between Ray's worker ports and the kernel's ephemeral
+    range. A port from `free_port` can be handed out again by the kernel between its choice and Ray's bind (Ray's
+    own processes bind port 0 and connect out by the dozen while a pod starts: a head then failed to bind its client
+    port, and kept failing on every restart); the kernel never hands out a port below its ephemeral range. Falls back
+    to `free_port` when that range starts too low to leave room."""
+    low = RAY_WORKER_PORTS_END
+    high = (ephemeral or ephemeral_range())[0]
+    if high - low < 1000:
+        return [free_port() for _ in range(count)]
+    chosen: list[int] = []
+    for _ in range(100 * count):
+        port = random.randrange(low, high)
+        if port not in chosen and bindable(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError(f"no {count} free loopback ports in {low}-{high - 1}")
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:

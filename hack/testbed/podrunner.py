@@ -423,7 +423,10 @@ class PodRunner:
         container = podspec.ray_container(pod)
         env = self._environment(pod, container, local)
         binds = self._binds(pod, container)
-        local.ports = local.ports or {port: components.free_port() for port in raystart.CONTAINER_PORTS}
+        if not local.ports or not all(components.bindable(p) for p in local.ports.values()):
+            # a restart keeps its ports unless one was taken meanwhile (routes follow at the next Ready)
+            chosen = components.pod_ports(len(raystart.CONTAINER_PORTS))
+            local.ports = dict(zip(raystart.CONTAINER_PORTS, chosen, strict=True))
         head_gcs = None
         if local.role != "head":
             head = self.head(local.namespace, local.cluster)

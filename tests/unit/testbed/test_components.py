@@ -49,6 +49,31 @@ def test_a_free_port_can_be_bound_on_loopback() -> None:
         s.bind(("127.0.0.1", port))
 
 
+def test_a_pods_ports_are_distinct_free_and_never_ones_the_kernel_hands_out_on_its_own() -> None:
+    low, _ = components.ephemeral_range()
+    ports = components.pod_ports(4)
+    assert len(set(ports)) == 4
+    assert all(components.RAY_WORKER_PORTS_END <= p < low and components.bindable(p) for p in ports), (ports, low)
+
+
+def test_a_port_someone_listens_on_is_not_bindable() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not components.bindable(s.getsockname()[1])
+
+
+def test_a_pods_ports_come_from_free_port_when_the_ephemeral_range_leaves_no_room() -> None:
+    ports = components.pod_ports(2, ephemeral=(20500, 60999))
+    assert len(set(ports)) == 2 and all(components.bindable(p) for p in ports)
+
+
+def test_the_ephemeral_range_is_read_from_the_kernel_or_defaults(tmp_path: Path) -> None:
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert components.ephemeral_range(tmp_path / "range") == (40000, 50000)
+    assert components.ephemeral_range(tmp_path / "missing") == (32768, 60999)
+
+
 def test_tail_gives_the_last_lines_or_says_there_is_no_log(tmp_path: Path) -> None:
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n" for i in range(30)))
