@@ -119,18 +119,9 @@ def rayjob_observation(obj: Mapping[str, Any]) -> RayJobObservation:
     )
 
 
-def _true_condition_reason(conditions: Iterable[Mapping[str, Any]], kind: str) -> str:
-    for cond in conditions:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return str(cond.get("reason") or kind)
-    return ""
-
-
-def _true_condition_since(conditions: Iterable[Mapping[str, Any]], kind: str) -> datetime.datetime | None:
-    for cond in conditions:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return _time(cond.get("lastTransitionTime"))
-    return None
+def _true_condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    """The condition of type `kind` whose status is True, if there is one."""
+    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
 
 
 def _grace_seconds(value: Any) -> float:
@@ -183,6 +174,7 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
     exit_code: int | None = None
     termination_reason = ""
     waiting_reason = ""
+    disruption = _true_condition(status.get("conditions") or [], "DisruptionTarget")
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         last = cs.get("lastState") or {}
@@ -200,8 +192,8 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         deleting=bool(meta.get("deletionTimestamp")),
         deletion_deadline=_time(meta.get("deletionTimestamp")),
         reason=str(status.get("reason") or ""),
-        disruption=_true_condition_reason(status.get("conditions") or [], "DisruptionTarget"),
-        disruption_since=_true_condition_since(status.get("conditions") or [], "DisruptionTarget"),
+        disruption=str(disruption.get("reason") or "DisruptionTarget") if disruption else "",
+        disruption_since=_time(disruption.get("lastTransitionTime")) if disruption else None,
         grace_seconds=_grace_seconds(spec.get("terminationGracePeriodSeconds")),
         node_name=node_name,
         node_ready=node_ready(node),
