@@ -5,6 +5,10 @@
         (t_plain, t_ckpt: median step interval without / with a checkpoint in it, same run, same load)
     resume it with one more step ─► driver start → Ray started → TransferQueue started → restored
                                    → policy loaded → pumps running
+        resume_our_part_s = driver start to pumps, less Ray's own start                  goal < 5 s
+        resume_worker_cpu_over_cores_s = the CPU our Ray actors' processes used by then, over the machine's cores:
+            the least wall time their start can take on this machine, however it is ordered (each imports torch,
+            and all but the generators TransferQueue and its tensordict, before it does anything of ours)
     --ab: also separate runs without checkpoints, ABBA order (noisy on a shared machine)
 
 The in-run figure is the honest one on this shared 2-core machine: across separate runs,
@@ -26,6 +30,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the test tooling's driver launcher (tests/support)
 
 from support import launcher  # noqa: E402
+from trainingrun_operator import driver_process, processes  # noqa: E402
 from trainingrun_runtime.driver import events  # noqa: E402
 
 
@@ -55,13 +61,59 @@ def steps_per_s(log: list[dict[str, Any]], attempt_start: int = 0) -> float:
     return float((len(done) - 1) / (done[-1]["t"] - done[0]["t"]))
 
 
-def run(root: Path, name: str, cfg: dict[str, Any], attempt: int = 1) -> list[dict[str, Any]]:
+def run(
+    root: Path, name: str, cfg: dict[str, Any], attempt: int = 1, cpu: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """One attempt to its end; with `cpu`, fills it with the CPU its processes had used when its pumps started."""
     log_path = root / f"{name}.jsonl"
+    before = len(events.read(log_path)) if log_path.exists() else 0  # an earlier attempt's log goes on in it
     proc = launcher.start(run=name, attempt=attempt, root=root, config=cfg, event_log=log_path)
+    if cpu is not None:
+        cpu.update(cpu_at_pumps(proc, log_path, skip=before))
     code = proc.wait(1800)
     if code != 0:
         raise SystemExit(f"{name} attempt {attempt} exited {code}:\n{proc.output()[-3000:]}")
     return events.read(log_path)
+
+
+RAYS_OWN = {"ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE"}
+"""Ray's processes named like workers that are not ours."""
+
+
+def cpu_at_pumps(driver: launcher.Driver, log_path: Path, *, skip: int, timeout: float = 600.0) -> dict[str, float]:
+    """CPU seconds (user + system) the attempt's processes had used when its pumps started, read from /proc.
+
+    The driver starts a local Ray of its own, whose processes all carry the attempt's marker: the Ray workers (our
+    actors: TransferQueue's controller and storage units, the trainer, the generators, the controller; "ray::"
+    processes) apart from Ray's own (its agents, idle pooled workers, GCS, raylet). Sampled the moment
+    `pumps_started` is logged; the workers' CPU over the machine's cores is the least wall time their start can take
+    here, however it is ordered."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while not (log_path.exists() and any(e["event"] == "pumps_started" for e in events.read(log_path)[skip:])):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no pumps_started in {log_path} within {timeout:g} s")
+        time.sleep(0.05)
+    workers, count, own = 0.0, 0, 0.0
+    for pid in processes.carrying(driver_process.MARKER_ENV, driver.marker):
+        try:
+            proc = psutil.Process(pid)
+            times = proc.cpu_times()
+            name = proc.name()
+            if name.startswith("ray::") and name not in RAYS_OWN:
+                workers, count = workers + times.user + times.system, count + 1
+            elif any("trainingrun_runtime" in a for a in proc.cmdline()):
+                own += times.user + times.system
+        except psutil.Error:
+            continue  # gone meanwhile
+    cores = os.cpu_count() or 1
+    return {
+        "resume_worker_processes": count,
+        "resume_worker_cpu_s": workers,
+        "resume_driver_cpu_s": own,
+        "resume_worker_cpu_over_cores_s": workers / cores,
+    }
 
 
 def in_run_figures(log: list[dict[str, Any]], period: int) -> dict[str, float]:
@@ -154,8 +206,11 @@ def main() -> int:
             **in_run_figures(with_ckpt, 10),
             "checkpoint_exclusive_s_mean": statistics.mean(exclusive),
         }
-        resumed = run(root, "ckpt", config(a.steps + 1, 10), attempt=2)
+        cpu: dict[str, float] = {}
+        resumed = run(root, "ckpt", config(a.steps + 1, 10), attempt=2, cpu=cpu)
         results.update(startup_split(resumed[len(with_ckpt) :]))
+        results.update(cpu)
+        results["resume_our_part_s"] = results["resume_driver_start_to_pumps_s"] - results["resume_ray_start_s"]
         if a.ab:
             results.update(ab_figures(root, a.steps, a.repeat))
         merge(results)
