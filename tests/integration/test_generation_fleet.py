@@ -10,7 +10,9 @@ the generation node kills its raylet and every process on it, as a worker pod's 
   its final weights equal an undisturbed run's, every prompt was trained exactly once, and every actor that
   holds run state sat on the head the whole time (nothing of it was on the node that died);
 - no generation node comes back within `generation.replacementSeconds`: the driver exits with code 4
-  (`GenerationLost`), which the operator treats as a preemption.
+  (`GenerationLost`), which the operator treats as a preemption;
+- with two generation nodes (a worker group of two pods), the generation workers are spread over both, so that
+  one pod's loss takes only its own share of generation.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from support import launcher, waiting
 from trainingrun_runtime import config
-from trainingrun_runtime.driver import entrypoint, events
+from trainingrun_runtime.driver import entrypoint, events, generation_workers, placement
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, verification
 
@@ -139,3 +141,24 @@ def test_no_generation_node_back_within_the_bound_ends_the_attempt_with_exit_cod
     cluster.remove_node(generation, allow_graceful=False)
     assert proc.wait(300) == entrypoint.EXIT_GENERATION_LOST, proc.output()[-3000:]
     assert "GenerationLost: no generation worker for 30 s" in proc.output()
+
+
+def test_generation_workers_are_spread_over_the_generation_nodes(cluster: ray.cluster_utils.Cluster) -> None:
+    nodes = {cluster.add_node(**GENERATION_NODE).node_id for _ in range(2)}
+    cluster.wait_for_nodes(timeout=120)
+    conf = config.RuntimeConfig.model_validate(CONFIG)
+    ray.init(address=cluster.address, namespace="spread", log_to_driver=False)
+    try:
+        options = placement.generation(conf.generation)
+        actors = [generation_workers.spawn(conf.trainer, f"spread-gen-{i}", options) for i in range(2)]
+        ray.get([a.__ray_ready__.remote() for a in actors], timeout=120)
+        from ray.util.state import list_actors
+
+        found = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+        placed = {a.name: a.node_id for a in found if a.name and a.name.startswith("spread-gen-")}
+        for actor in actors:
+            ray.kill(actor)
+    finally:
+        ray.shutdown()
+    assert set(placed) == {"spread-gen-0", "spread-gen-1"}, placed
+    assert set(placed.values()) == nodes, f"both generation workers on one node: {placed}"

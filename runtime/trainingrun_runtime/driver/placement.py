@@ -4,7 +4,10 @@
         the controller actor, the trainer worker, TransferQueue's controller and its storage units
     generation workers:
         the run has worker groups -> one unit of `config.GENERATION_RESOURCE` each, which only the worker groups'
-                                     nodes have (the operator puts it into their rayStartParams)
+                                     nodes have (the operator puts it into their rayStartParams), spread over
+                                     those nodes (Ray's SPREAD): with 1000 units a node, Ray's default policy
+                                     would pack them all onto the first worker pod, so that losing that one pod
+                                     took every generation worker while the others idled
         it has none (local mode, the tiny example) -> beside the driver
 
 So losing a worker pod loses no state: only generation workers can be on it, and the controller replaces them
@@ -36,4 +39,6 @@ def on_head(node_id: str) -> dict[str, Any]:
 
 def generation(cfg: config.GenerationConfig) -> dict[str, Any]:
     """Actor options for a generation worker: on the worker groups when the run has them, else anywhere."""
-    return {"resources": {config.GENERATION_RESOURCE: 1}} if cfg.on_worker_groups else {}
+    if not cfg.on_worker_groups:
+        return {}
+    return {"resources": {config.GENERATION_RESOURCE: 1}, "scheduling_strategy": "SPREAD"}
