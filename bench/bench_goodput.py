@@ -1,4 +1,4 @@
-"""Benchmark: goodput under disruption on the full loop, and where a head loss's seconds go.
+"""Benchmark: goodput under disruption on the full loop, and where the seconds of each disruption go.
 
     calm:   the cluster-shaped example (head + a worker group of 2 on its own node) runs STEPS steps undisturbed
     storm:  the same run under a seeded schedule of disruptions, each when the run reaches its step:
@@ -9,22 +9,28 @@
 Both are timed from `kubectl apply` to phase Succeeded, on the same bed (control plane, real KubeRay, our operator
 as the chart runs it, the pod runner playing Ray pods), one after the other. Per disruption kind it writes the
 steps lost (the attempt history's `stepsLost`, which counts from the newest recorded checkpoint), the new attempts
-it caused, and the seconds until training made progress again past the step where it struck. For the head's loss
-the time to progress is split into stages, from the driver's event log (ROOT/RUN/attempts/N/events.jsonl, on the
-PVC) and the API objects:
+it caused, and the seconds until training made progress again past the step where it struck. For a head's loss
+or a driver kill (they end the attempt) the time to progress is split into stages, from the driver's event log
+(ROOT/RUN/attempts/N/events.jsonl, on the PVC) and the API objects:
 
     struck -> notice answered (the driver saved on the preStop hook's request) -> detected (the attempt ended in
            status) -> next RayJob created -> Ray cluster ready (KubeRay
            submitted the driver: it started) -> restore done (TransferQueue and the policy loaded) -> driver set up
            (the controller actor created) -> first new step
 
-The schedule is harsh for spot capacity on purpose: five disruptions in a run of about four minutes (240 steps),
-one a minute, where a real spot pool loses a VM every few hours. Each kind is hit once or twice, and the cost of
-each is visible beside the others: a rate a long run can meet on a bad day of a busy spot pool, compressed so
-that the benchmark takes minutes. The worker losses' throughput is the steps per second in the 30 s after each,
-against the calm run's. Writes its figures under "goodput" in bench-results.json (merging) and prints them.
+The schedule is harsh for spot capacity on purpose, and still within what a bad day can bring: five disruptions
+in a run of about ten minutes here (3000 steps), one every two minutes of training. A busy spot pool reclaims a VM
+every few hours, or on its worst days about once an hour; a run on three such VMs meets one disruption every 20 min
+at most. Two minutes is ten times that, compressed so that the benchmark takes minutes, with each kind hit once or
+twice so the cost of each shows beside the others. Goodput scales with the rate: a run that meets the same
+disruptions half as often loses half as much (each kind's cost is written on its own below). For the worker
+losses it writes the seconds until every lost generation worker was replaced (its pod back, Ray joined, the
+current weights loaded: `generator_replaced` in the event log), the steps per second in the 30 s after the strike
+and in the 30 s after the replacement, against the calm run's; for the head loss and the driver kill, which end
+the attempt, the stage split of the next attempt's start. Writes its figures under "goodput" in
+bench-results.json (merging) and prints them.
 
-    .venv/bin/python bench/bench_goodput.py [--steps 240] [--seed 7]
+    .venv/bin/python bench/bench_goodput.py [--steps 3000] [--seed 7]
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ from trainingrun_runtime.driver import events  # noqa: E402
 
 NAMESPACE = "bench-goodput"
 SAVE_PERIOD = 10
+RESTARTS = ("head_loss", "driver_kill")
+"""The kinds that end the attempt (the next one resumes from a checkpoint): their cost is split into stages."""
+WORKER_KINDS = ("worker_loss", "node_failure")
+"""The kinds that take generation workers (the worker node's pods) and keep the attempt."""
 
 
 @dataclass
@@ -69,6 +79,7 @@ class Strike:
     progress_s: float | None = None
     notice_recorded_s: float | None = None  # a head loss: until its notice's checkpoint was in status
     stages: dict[str, float] = field(default_factory=dict)
+    replaced_s: float | None = None  # a worker's loss: until every generation worker it took was replaced
 
 
 def status(plane: controlplane.ControlPlane, name: str) -> dict[str, Any]:
@@ -96,7 +107,7 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
     started = time.time()
     plane.apply(examples.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=NAMESPACE)
     pending = list(schedule)
-    last = 0.0
+    last: Strike | None = None
     while True:
         current = status(plane, name)
         if current.get("phase") in ("Succeeded", "Failed"):
@@ -106,11 +117,14 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
                 hit.notice_recorded_s = time.time() - hit.t
         attempt, step = runtime_step(plane, name)
         running = int((current.get("attempt") or {}).get("number") or 0)
-        # One at a time: the next strike waits until the run trains again after the last one (>= 15 s), in the
-        # current attempt (after a head loss, status.runtime holds the old attempt's report until the new one's).
-        if pending and attempt and attempt == running and step >= pending[0].at_step and time.time() - last >= 15:
-            strike(plane, bed, name, pending.pop(0), attempt, step, rng)
-            last = time.time()
+        # One at a time, so that each one's cost is its own: the next strike waits until the current attempt (after
+        # a head loss, status.runtime holds the old attempt's report until the new one's) has trained past the step
+        # where the last one struck, and at least 15 s have passed.
+        recovered = last is None or step > last.reached
+        if pending and attempt and attempt == running and step >= pending[0].at_step and recovered:
+            if last is None or time.time() - last.t >= 15:
+                last = pending.pop(0)
+                strike(plane, bed, name, last, attempt, step, rng)
         time.sleep(0.5)
     if current.get("phase") != "Succeeded":
         raise SystemExit(f"{name} ended {current.get('phase')}: {current.get('reason')}: {current.get('message')}")
@@ -169,14 +183,35 @@ def measure_progress(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed
         later = [t for t, _, s in done if t > hit.t and s > hit.reached]
         hit.progress_s = later[0] - hit.t if later else None
         rates[f"{hit.kind}#{i}"] = steps_per_s(done, hit.t, hit.t + 30)
-        if hit.kind == "head_loss":
-            hit.stages = head_loss_stages(hit, history, logs)
+        if hit.attempt + 1 in history and hit.kind in RESTARTS:
+            hit.stages = restart_stages(hit, history, logs)
+        replaced = replacement_time(logs.get(hit.attempt, []), hit.t)
+        if hit.kind in WORKER_KINDS and replaced is not None:
+            hit.replaced_s = replaced - hit.t
+            rates[f"{hit.kind}#{i}:replaced"] = steps_per_s(done, replaced, replaced + 30)
     return rates
 
 
-def head_loss_stages(hit: Strike, history: dict[int, dict[str, Any]], logs: dict[int, list[dict[str, Any]]]
-                     ) -> dict[str, float]:  # fmt: skip
-    """Seconds from the strike to the end of each stage (second-precision API times, event-log times to the ms)."""
+def replacement_time(log: list[dict[str, Any]], after: float) -> float | None:
+    """When every generation worker lost after `after` had been replaced (its replacement held the current
+    weights), from the attempt's event log; None if none was lost or one never came back in this attempt."""
+    lost: set[int] = set()
+    for e in log:
+        if e["t"] < after:
+            continue
+        if e["event"] == "generator_lost":
+            lost.add(e["slot"])
+        elif e["event"] == "generator_replaced" and e["slot"] in lost:
+            lost.discard(e["slot"])
+            if not lost:
+                return float(e["t"])
+    return None
+
+
+def restart_stages(hit: Strike, history: dict[int, dict[str, Any]], logs: dict[int, list[dict[str, Any]]]
+                   ) -> dict[str, float]:  # fmt: skip
+    """For a strike that ended its attempt: seconds from the strike to the end of each stage of the next attempt's
+    start (second-precision API times, event-log times to the ms)."""
     ended = history.get(hit.attempt) or {}
     nxt = history.get(hit.attempt + 1) or {}
     log = {e["event"]: e["t"] for e in reversed(logs.get(hit.attempt + 1, []))}
@@ -199,7 +234,7 @@ def head_loss_stages(hit: Strike, history: dict[int, dict[str, Any]], logs: dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=int(os.environ.get("BENCH_SEED", "7")))
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
@@ -226,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
     figures = figures_of(args, calm, storm, schedule, history)
     figures["calm_steps_per_s"] = round(calm_rate, 2)
-    worker_rates = [r for k, r in rates.items() if k.startswith("worker_loss")]
-    figures["worker_loss_steps_per_s_30s_after_vs_calm"] = (
-        round(min(worker_rates) / calm_rate, 2) if worker_rates else None
-    )
+    for kind in WORKER_KINDS:
+        after = [r for k, r in rates.items() if k.startswith(f"{kind}#") and not k.endswith(":replaced")]
+        back = [r for k, r in rates.items() if k.startswith(f"{kind}#") and k.endswith(":replaced")]
+        figures[f"{kind}_steps_per_s_30s_after_vs_calm"] = round(min(after) / calm_rate, 2) if after else None
+        figures[f"{kind}_steps_per_s_30s_after_replacement_vs_calm"] = round(min(back) / calm_rate, 2) if back else None
     merge(figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
     return 0
@@ -272,8 +308,12 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
     figures["notice_to_recorded_checkpoint_s"] = (
         round(max(noticed), 1) if noticed and None not in noticed else None  # None: a notice saved nothing
     )
-    for stage, seconds in next((s.stages for s in schedule if s.kind == "head_loss"), {}).items():
-        figures[f"head_loss_stage_{stage}_s"] = seconds
+    for kind in RESTARTS:
+        for stage, seconds in next((s.stages for s in schedule if s.kind == kind and s.stages), {}).items():
+            figures[f"{kind}_stage_{stage}_s"] = seconds
+    for kind in WORKER_KINDS:
+        replaced = [s.replaced_s for s in schedule if s.kind == kind if s.replaced_s is not None]
+        figures[f"{kind}_replacement_s"] = round(max(replaced), 1) if replaced else None
     return figures
 
 
