@@ -377,8 +377,8 @@ class ContainerPods:
         self, local: ContainerPod, probe: probes.Probe, stop: threading.Event, instance: str, pod_ip: str
     ) -> None:
         """One probe of one instance (at its IP, `pod_ip`), as the kubelet's prober worker: from
-        initialDelaySeconds on, a check every periodSeconds until the instance ends; a failed liveness verdict stops the container (and the pass
-        restarts it), a readiness verdict turns the pod Ready or not."""
+        initialDelaySeconds on, a check every periodSeconds until the instance ends; a failed liveness verdict stops
+        the container (and the pass restarts it), a readiness verdict turns the pod Ready or not."""
         label = "Liveness" if probe.kind == "livenessProbe" else "Readiness"
         tally = probes.Tally(probe)
         if stop.wait(probe.initial_delay):
