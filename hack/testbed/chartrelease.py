@@ -5,8 +5,8 @@ Who uses it: the chart-operator tests (tests/e2e/test_chart_operator.py).
 
     helm install <release> charts/trainingrun -n <namespace> --create-namespace --wait -f values.yaml
       values: image localhost/trainingrun-operator:<IMAGE_TAG or dev>, pullPolicy Never (no registry here);
-              the bed's container node (its pool label and taint: nodeSelector, tolerations); livenessPort and
-              metrics.port free ports (the container shares the host's network; containerspec.py)
+              the bed's container node (its pool label and taint: nodeSelector, tolerations); the chart's own
+              ports (the container has a network namespace of its own: podnet.py)
       └── Deployment ──(kube-controller-manager)──> ReplicaSet ──> Pod ──(kube-scheduler)──> the container node
             └── the pod runner (containerpods.py): `podman run` as the pod spec says, its probes, its restarts
 
@@ -47,8 +47,6 @@ class ChartRelease:
     image: str = field(default_factory=lambda: containerruntime.image_ref("operator"))
     release: str = RELEASE
     namespace: str = NAMESPACE
-    liveness_port: int = field(init=False, default=0)
-    metrics_port: int = field(init=False, default=0)
     install_seconds: float = field(init=False, default=0.0)
 
     @property
@@ -60,8 +58,6 @@ class ChartRelease:
         repository, _, tag = self.image.rpartition(":")
         return {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "livenessPort": self.liveness_port,
-            "metrics": {"port": self.metrics_port},
             "nodeSelector": dict(fullloop.CONTAINER_LABEL),
             "tolerations": [{"operator": "Equal", **fullloop.CONTAINER_TAINT}],
         }
@@ -69,7 +65,6 @@ class ChartRelease:
     def install(self, timeout: float = 180) -> ChartRelease:
         """`helm install --wait`: returns once the Deployment is available (its pod's container runs)."""
         node = self.bed.add_container_node()
-        self.liveness_port, self.metrics_port = components.free_port(), components.free_port()
         values = self.plane.workdir / f"values-{self.release}.yaml"
         values.write_text(yaml.safe_dump(self.values()))
         started = time.monotonic()
@@ -121,6 +116,16 @@ class ChartRelease:
         if len(live) != 1:
             raise errors.TestbedError(f"expected one live operator pod, found {[p['metadata']['name'] for p in live]}")
         return live[0]
+
+    def port(self, name: str) -> int:
+        """The operator container's port called `name` (the chart's: health, metrics)."""
+        (container,) = self.pod()["spec"]["containers"]
+        (port,) = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == name]
+        return int(port)
+
+    def pod_ip(self) -> str:
+        """The operator pod's IP, as the pod runner reported it (the container's address on podman's bridge)."""
+        return str(self.pod()["status"].get("podIP") or "")
 
     def container(self) -> containerpods.ContainerPod:
         """The pod runner's record of the operator pod's container."""

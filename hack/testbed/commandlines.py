@@ -47,12 +47,15 @@ def etcd(*, data_dir: Path, client_url: str, peer_url: str) -> list[str]:
 
 def apiserver(*, etcd_url: str, port: int, cert_dir: Path, token_file: Path, sa_key: Path, sa_pub: Path) -> list[str]:
     """RBAC and Node authorization, static tokens (the admin's), ServiceAccount tokens signed with `sa_key`, a
-    self-signed serving certificate written into `cert_dir`; no endpoint reconciler."""
+    serving certificate from `cert_dir` (apiserver.crt and .key, credentials.write_serving_certificate); no
+    endpoint reconciler."""
     return [
         "--etcd-servers",
         etcd_url,
-        "--cert-dir",
-        str(cert_dir),
+        "--tls-cert-file",
+        str(cert_dir / "apiserver.crt"),
+        "--tls-private-key-file",
+        str(cert_dir / "apiserver.key"),
         "--secure-port",
         str(port),
         "--bind-address",

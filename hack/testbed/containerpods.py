@@ -10,15 +10,20 @@ Who uses it: `podrunner.PodRunner` (it calls `sync` on every pass with the pods 
           │                token (TokenRequest, bound to the pod), the namespace's kube-root-ca.crt (the API
           │                server's CA, published by the controller manager), the namespace (containerspec.py);
           │                the image checked (never pulled); `podman run --rm` left attached, so that its exit
-          │                is the container's; Running once podman wrote the container id, and Ready then unless
-          │                a readiness probe says otherwise; the kubelet's events (Pulled, Created, Started)
-          ├── probes   ──> a thread per probe of the running container (probes.py); a failed liveness verdict:
+          │                is the container's, on podman's bridge: a network namespace and IP of its own, and
+          │                KUBERNETES_SERVICE_HOST/PORT the bed's relay to the API server (podnet.py); Running
+          │                once podman wrote the container id, with the container's IP as the pod's podIP, and
+          │                Ready then unless a readiness probe says otherwise; the kubelet's events (Pulled,
+          │                Created, Started)
+          ├── probes   ──> a thread per probe of the running container, aimed at the pod's IP and the probe's
+          │                container port as a kubelet's (probes.py); a failed liveness verdict:
           │                events Unhealthy and Killing, `podman stop` (SIGTERM, SIGKILL after the grace period)
           ├── exits    ──> the termination becomes lastState.terminated; restarted under restartPolicy Always (or
           │                OnFailure after a failure): the first restart at once, then after 10 s, 20 s, ... up
           │                to 300 s (CrashLoopBackOff), restartCount + 1; else phase Failed/Succeeded
           └── endings  ──> pod deleted: `podman stop` within its grace period (capped by `grace_cap`), then the
-                           final delete; node deleted: killed at once; `stop()`: every container removed
+                           final delete; node deleted: killed at once; `stop()`: every container removed, and
+                           the relay stopped
 
 Every container is labelled with its pod (io.kubernetes.pod.*) and with the pid of the process that runs this
 runner (RUNNER_LABEL): a later runner removes containers whose runner is gone (a test process killed outright;
@@ -44,6 +49,7 @@ import containerruntime
 import containerspec
 import fakenodes
 import kubeapi
+import podnet
 import podstatus
 import probes
 from trainingrun_runtime import timestamps
@@ -51,7 +57,6 @@ from trainingrun_runtime import timestamps
 log = logging.getLogger(__name__)
 
 RUNNER_LABEL = "dev.trainingrun.testbed.runner"
-PROBE_HOST = "127.0.0.1"  # the container shares the host's network namespace (containerspec.py)
 LIVE_STATES = ("creating", "running", "backoff")
 
 
@@ -73,6 +78,7 @@ class ContainerPod:
     binds: list[tuple[Path, containerspec.Mount]] = field(default_factory=list)
     image_id: str = ""
     container_id: str = ""
+    pod_ip: str = ""  # the current instance's address on the bridge (reported as the pod's IP)
     process: subprocess.Popen[bytes] | None = None  # the attached `podman run --rm` of the current instance
     # creating (podman run started) -> running (podman wrote the id) -> backoff -> creating ... (a restart), or
     # -> exited (not restarted; also a pod that could not start); any state -> killing -> killed
@@ -120,13 +126,11 @@ class ContainerPods:
     pods: dict[str, ContainerPod] = field(init=False, default_factory=dict)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
     _not_ready: set[str] = field(init=False, default_factory=set)  # pods whose volume was reported not ready
-    _api_host: str = field(init=False, default="")
-    _api_port: int = field(init=False, default=0)
+    network: podnet.PodNetwork = field(init=False)  # the bridge and the relay to the API server, started lazily
 
     def __post_init__(self) -> None:
-        host_port = self.api.server.removeprefix("https://")
-        host, _, port = host_port.rpartition(":")
-        self._api_host, self._api_port = host, int(port)
+        host, _, port = self.api.server.removeprefix("https://").rpartition(":")
+        self.network = podnet.PodNetwork((host, int(port)))
         sweep_orphans()
 
     # -- what the runner, chaos and the tests use ------------------------------------------------------------
@@ -159,6 +163,7 @@ class ContainerPods:
         ).stdout.split()
         if leftovers:
             containerruntime.podman("rm", "--force", "--time", "0", *leftovers, check=False, timeout=60)
+        self.network.stop()
 
     # -- the pass ----------------------------------------------------------------------------------------
 
@@ -225,7 +230,8 @@ class ContainerPods:
             with self._lock:
                 self.pods[local.uid] = local
             local.state = "exited"
-            reason = "ErrImageNeverPull" if isinstance(err, containerruntime.PodmanError) else "CreateContainerError"
+            never_pull = isinstance(err, containerruntime.PodmanError) and "is not present" in str(err)
+            reason = "ErrImageNeverPull" if never_pull else "CreateContainerError"
             self._event(local, "Warning", "Failed", f"{reason}: {err}")
             self._report(local, {"waiting": {"reason": reason, "message": str(err)[:500]}})
             return
@@ -243,6 +249,8 @@ class ContainerPods:
             probes.read(container, kind)  # one the runner cannot play refuses the pod now, not once it runs
         if container.get("startupProbe"):
             raise probes.Unsupported(f"{local.container}.startupProbe: not played")
+        if pod["spec"].get("hostNetwork"):
+            raise probes.Unsupported("hostNetwork: the bed gives every container pod a network namespace of its own")
         found = containerruntime.podman("image", "inspect", "--format", "{{.Id}}", local.image, check=False)
         if found.returncode != 0:
             message = f'Container image "{local.image}" is not present with pull policy of {policy}'
@@ -262,9 +270,8 @@ class ContainerPods:
                 source.chmod(0o777)  # as the kubelet makes an emptyDir: any user of the pod may write it
             binds.append((source, mount))
         local.binds = binds
-        local.env = containerspec.environment(
-            pod, container, self._lookup, api_host=self._api_host, api_port=self._api_port
-        )
+        api_host, api_port = self.network.api_address()  # the relay on the bridge's gateway (started once)
+        local.env = containerspec.environment(pod, container, self._lookup, api_host=api_host, api_port=api_port)
         local.directory.mkdir(parents=True, exist_ok=True)
         self._event(local, "Normal", "Pulled", f'Container image "{local.image}" already present on machine')
 
@@ -279,7 +286,13 @@ class ContainerPods:
             RUNNER_LABEL: str(os.getpid()),
         }
         options = containerspec.run_options(
-            local.pod, container, name=local.instance, env=local.env, binds=local.binds, labels=labels
+            local.pod,
+            container,
+            name=local.instance,
+            env=local.env,
+            binds=local.binds,
+            labels=labels,
+            network=self.network.run_options(),
         )
         command = containerruntime.command(
             "run", "--rm", "--cidfile", str(local.cid_file), *options, local.image, *containerspec.args(container)
@@ -297,6 +310,7 @@ class ContainerPods:
                 preexec_fn=components.die_with_parent(signal.SIGTERM),  # podman passes it on to the container
             )
         local.state, local.container_id, local.ready = "creating", "", False
+        local.pod_ip = ""
         self.record(f"{local.key} [container]: Creating: {local.instance}")
 
     # -- running -------------------------------------------------------------------------------------------
@@ -313,6 +327,11 @@ class ContainerPods:
         if code is not None:
             self._exited(local, code)
         elif local.state == "creating" and _read(local.cid_file):
+            # The container's address on the bridge: podman writes the id when it creates the container and sets
+            # up its network namespace when it starts it; until then (or if it is gone already), the next pass.
+            local.pod_ip = self.network.pod_ip(local.instance)
+            if not local.pod_ip:
+                return
             local.container_id = _read(local.cid_file)
             local.state, local.started_at = "running", _now()
             readiness = probes.read(local.pod["spec"]["containers"][0], "readinessProbe")
@@ -324,7 +343,7 @@ class ContainerPods:
                 probe = probes.read(local.pod["spec"]["containers"][0], kind)
                 if probe is not None:
                     threading.Thread(
-                        target=self._probe, args=(local, probe, local.probes_stop, local.instance),
+                        target=self._probe, args=(local, probe, local.probes_stop, local.instance, local.pod_ip),
                         name=f"{kind}-{local.name}", daemon=True,
                     ).start()  # fmt: skip
 
@@ -354,17 +373,19 @@ class ContainerPods:
             local.state = "exited"
             self._report(local, {"terminated": dict(local.last_terminated)}, phase="Failed" if code else "Succeeded")
 
-    def _probe(self, local: ContainerPod, probe: probes.Probe, stop: threading.Event, instance: str) -> None:
-        """One probe of one instance, as the kubelet's prober worker: from initialDelaySeconds on, a check every
-        periodSeconds until the instance ends; a failed liveness verdict stops the container (and the pass
-        restarts it), a readiness verdict turns the pod Ready or not."""
+    def _probe(
+        self, local: ContainerPod, probe: probes.Probe, stop: threading.Event, instance: str, pod_ip: str
+    ) -> None:
+        """One probe of one instance (at its IP, `pod_ip`), as the kubelet's prober worker: from
+        initialDelaySeconds on, a check every periodSeconds until the instance ends; a failed liveness verdict stops
+        the container (and the pass restarts it), a readiness verdict turns the pod Ready or not."""
         label = "Liveness" if probe.kind == "livenessProbe" else "Readiness"
         tally = probes.Tally(probe)
         if stop.wait(probe.initial_delay):
             return
         due = time.monotonic()
         while not stop.is_set():
-            ok, detail = probes.check(probe, PROBE_HOST)
+            ok, detail = probes.check(probe, pod_ip)
             if stop.is_set():
                 return
             verdict = tally.record(ok)
@@ -420,6 +441,7 @@ class ContainerPods:
             state=state,
             last_terminated=local.last_terminated,
             when=_now(),
+            pod_ip=local.pod_ip or None,
         )
         if phase:
             body["status"]["phase"] = phase

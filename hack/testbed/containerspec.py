@@ -6,10 +6,11 @@ in, values out; the token and the ConfigMap keys come through the callables the 
 Who uses it: `containerpods.ContainerPods` (the pod runner's containers) and its unit tests.
 
 Where it differs from a kubelet, by the bed's design (README, "Development: the full loop"):
-- network: the container shares the host's network namespace, because the API server listens on loopback only;
-  its ports are the host's (the chart's are set to free ones) and its probes go to 127.0.0.1;
-- KUBERNETES_SERVICE_HOST/PORT: the API server's loopback address, which is what kube-proxy would translate the
-  `kubernetes` Service's ClusterIP to;
+- network: the container has its own network namespace on podman's bridge (podnet.py; the options come from the
+  caller), as a pod has; but no pod sandbox holds it, so a restarted container gets a new namespace and maybe a
+  new IP (the runner reports it as the pod's), and there is no Service network: no ClusterIP, no cluster DNS;
+- KUBERNETES_SERVICE_HOST/PORT: the bed's relay to the API server on the bridge's gateway (podnet.ApiRelay), which
+  stands for the `kubernetes` Service's ClusterIP that kube-proxy would translate;
 - volumes: emptyDir (a directory of the pod's, mode 0777) and projected (serviceAccountToken, configMap,
   downwardAPI); any other kind, a subPath, or a startup probe fails the pod's start (probes.Unsupported).
 """
@@ -115,8 +116,8 @@ def user(pod: dict[str, Any], container: dict[str, Any]) -> str | None:
 def environment(
     pod: dict[str, Any], container: dict[str, Any], lookup: podspec.Lookup, *, api_host: str, api_port: int
 ) -> dict[str, str]:
-    """The container's environment: the `kubernetes` Service's variables (at the API server's real address),
-    then the container's `env` (valueFrom resolved through `lookup`)."""
+    """The container's environment: the `kubernetes` Service's variables (at the address where the pod reaches
+    the API server: the bed's relay, podnet.py), then the container's `env` (valueFrom resolved through `lookup`)."""
     env = {
         "KUBERNETES_SERVICE_HOST": api_host,
         "KUBERNETES_SERVICE_PORT": str(api_port),
@@ -153,15 +154,17 @@ def run_options(
     env: dict[str, str],
     binds: list[tuple[Path, Mount]],
     labels: dict[str, str],
+    network: list[str],
 ) -> list[str]:
-    """The options of `podman run` (before the image) for the container: the host's network (the pod's name as
-    its hostname), no pull, the security contexts, the limits, the volumes (`binds`: the host directory of each
-    mount), the environment and the command. The args go after the image (`args`)."""
+    """The options of `podman run` (before the image) for the container: `network` (podnet.PodNetwork.run_options:
+    a network namespace of its own), the pod's name as its hostname, no pull, the security contexts, the limits,
+    the volumes (`binds`: the host directory of each mount), the environment and the command. The args go after
+    the image (`args`)."""
     spec = pod["spec"]
     context = container.get("securityContext") or {}
     pod_context = spec.get("securityContext") or {}
     hostname = spec.get("hostname") or pod["metadata"]["name"]
-    options = ["--name", name, "--network", "host", "--uts", "private", "--hostname", hostname, "--pull", "never"]
+    options = ["--name", name, *network, "--uts", "private", "--hostname", hostname, "--pull", "never"]
     for key, value in sorted(labels.items()):
         options += ["--label", f"{key}={value}"]
     uid_gid = user(pod, container)

@@ -8,7 +8,7 @@ which prints the admin kubeconfig path and keeps the cluster up until Ctrl-C.
 
 What `ControlPlane.start()` runs, each in its own process group, with free ports and a private directory:
 
-    etcd ──> kube-apiserver (RBAC+Node authz, admin token, service-account issuer and keys, self-signed cert)
+    etcd ──> kube-apiserver (RBAC+Node authz, admin token, service-account issuer and keys, the bed's CA)
                │
                ├── CRDs, applied server-side: manifests/crd/*.yaml (ours) and KubeRay's rayjobs, rayclusters,
                │   rayservices from its Go module (never copied into the repo); waited until Established
@@ -18,7 +18,8 @@ What `ControlPlane.start()` runs, each in its own process group, with free ports
 
 This module runs that sequence and waits; the parts live next door: `components` (a process, its group, log and
 port; the exit handlers), `workdirs` (the private directory), `commandlines` (each component's arguments),
-`credentials` (the admin token, the service-account keys), `fakenodes` (the nodes kwok plays), `kubeapi` (the
+`credentials` (the admin token, the service-account keys, the serving certificate), `podnet` (podman's bridge
+gateway, named in that certificate), `fakenodes` (the nodes kwok plays), `kubeapi` (the
 HTTPS client), `binaries` (where the binaries are) and `errors`.
 
 Readiness is waited for (etcd /health, apiserver /readyz, controller-manager and scheduler /healthz, the
@@ -59,6 +60,7 @@ import credentials
 import errors
 import fakenodes
 import kubeapi
+import podnet
 import workdirs
 
 log = logging.getLogger(__name__)
@@ -293,8 +295,10 @@ class ControlPlane:
     def _start_apiserver(self, etcd_url: str, sa_key: Path, sa_pub: Path) -> None:
         """Starts the API server with an admin token (system:masters); once it is ready, sets `server`, `ca_file`,
         `api` and the admin `kubeconfig`."""
+        # The serving certificate names loopback and podman's bridge gateway, where container pods reach the API
+        # server through the bed's relay (podnet.py).
         certs = self.workdir / "certs"
-        certs.mkdir()
+        self.ca_file = credentials.write_serving_certificate(certs, [g for g in [podnet.gateway()] if g])
         self.admin_token = credentials.new_token()
         tokens = credentials.write_admin_token_file(self.workdir / "tokens.csv", self.admin_token)
         api_port = components.free_port()
@@ -310,8 +314,6 @@ class ControlPlane:
             60,
             component="kube-apiserver",
         )
-        # The apiserver writes its self-signed serving certificate (and the CA that signed it) here.
-        self.ca_file = certs / "apiserver.crt"
         self.api = kubeapi.KubeApi(self.server, kubeapi.verified_context(self.ca_file), self.admin_token)
         self.kubeconfig = kubeapi.write_kubeconfig(
             self.workdir / "kubeconfig", server=self.server, ca_file=self.ca_file, user="admin", token=self.admin_token

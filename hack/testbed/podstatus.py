@@ -6,7 +6,8 @@ Pure: they are built here and sent by `podrunner.PodRunner._patch`.
     terminated(...)             the container's termination: phase Failed/Succeeded under restartPolicy Never,
                                 or, with `waiting`, CrashLoopBackOff before a restart
     container(...)              a container the pod runner runs with podman (containerpods.py): its whole status
-                                (state, lastState, restartCount, image and container ids) and the pod's readiness
+                                (state, lastState, restartCount, image and container ids), the pod's readiness
+                                and, once the container runs, the pod's IP (its address on podman's bridge)
 
 `containerStatuses` is an atomic list (no merge key): each patch carries the container's whole status.
 """
@@ -91,9 +92,11 @@ def container(
     state: dict[str, Any],
     last_terminated: dict[str, Any] | None,
     when: str,
+    pod_ip: str | None = None,
 ) -> dict[str, Any]:
     """One container's whole status (`state`: {"running": ...}, {"waiting": ...} or {"terminated": ...}; the
-    previous instance's termination as `lastState`), and the pod Ready when it is."""
+    previous instance's termination as `lastState`), and the pod Ready when it is; with `pod_ip`, the pod's IP
+    (podIP, and podIPs replaced by it: a strategic merge would add it to kwok's placeholder)."""
     status = {
         "name": name,
         "image": image,
@@ -105,12 +108,16 @@ def container(
         "state": state,
         "lastState": {"terminated": _present(last_terminated)} if last_terminated else {},
     }
-    return {
+    body: dict[str, Any] = {
         "status": {
             "conditions": _readiness(ready, when, None if ready else "ContainersNotReady"),
             "containerStatuses": [_present(status)],
         }
     }
+    if pod_ip:
+        body["status"]["podIP"] = pod_ip
+        body["status"]["podIPs"] = [{"$patch": "replace"}, {"ip": pod_ip}]
+    return body
 
 
 def _present(fields: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 operator image (`localhost/trainingrun-operator:<IMAGE_TAG or dev>`, pullPolicy Never); kube-controller-manager
 makes the ReplicaSet and the pod, kube-scheduler binds it to the bed's container node, and the pod runner runs it
 as a podman container the way a kubelet would (hack/testbed/containerpods.py): the chart's security context, the
-projected ServiceAccount token and CA, KUBERNETES_SERVICE_HOST/PORT, and the chart's liveness probe, probed.
+projected ServiceAccount token and CA, KUBERNETES_SERVICE_HOST/PORT, and the chart's liveness probe, probed at the
+pod's IP. The container has a network namespace and an IP of its own on podman's bridge, and reaches the API
+server through the bed's relay on the bridge's gateway with TLS verified (hack/testbed/podnet.py).
 
 Against that operator: the user's journey (support/journeys.py), and a hung operator that its liveness probe gets
 restarted while a run goes on to finish. The fixtures are `chart_operator` and `chart_loop` (tests/e2e/conftest.py).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +26,7 @@ import chaos
 import chartrelease
 import containerspec
 import fullloop
+import podnet
 from support import containers, journeys
 
 if TYPE_CHECKING:
@@ -108,10 +112,11 @@ def test_helm_install_makes_a_deployment_whose_pod_kube_controller_manager_made_
     assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr, wrote.stderr
     in_container(release, "python", "-c", "open('/tmp/probe', 'w')")
 
-    # In-cluster configuration from the real environment and token path; no kubeconfig anywhere.
-    host, _, port = plane.server.removeprefix("https://").rpartition(":")
+    # In-cluster configuration from the real environment and token path; no kubeconfig anywhere. The Service's
+    # address is the bed's relay to the API server on the bridge's gateway (kube-proxy's part, podnet.py).
+    host, port = chart_loop.bed.runner.containers.network.api_address()
     assert in_container(release, "printenv", "KUBERNETES_SERVICE_HOST").strip() == host
-    assert in_container(release, "printenv", "KUBERNETES_SERVICE_PORT").strip() == port
+    assert in_container(release, "printenv", "KUBERNETES_SERVICE_PORT").strip() == str(port)
     assert containers.exec_(local.instance, "printenv", "KUBECONFIG").returncode == 1
     assert not any("kubeconfig" in a for a in inspected["Config"]["Cmd"] or []), inspected["Config"]["Cmd"]
     # A ServiceAccount token bound to this pod (TokenRequest, as the kubelet projects it), the API server's CA
@@ -121,13 +126,64 @@ def test_helm_install_makes_a_deployment_whose_pod_kube_controller_manager_made_
     assert claims["kubernetes.io"]["pod"] == {"name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
     assert in_container(release, "cat", f"{SA}/ca.crt") == Path(plane.ca_file).read_text()
     assert in_container(release, "cat", f"{SA}/namespace") == release.namespace
-    # kopf comes up: its liveness endpoint (the chart's probe target) and /metrics answer on the chart's ports.
+    # kopf comes up: its liveness endpoint (the chart's probe target) and /metrics answer on the chart's own
+    # ports, at the pod's IP.
     for url in (
-        f"http://127.0.0.1:{release.liveness_port}/healthz",
-        f"http://127.0.0.1:{release.metrics_port}/metrics",
+        f"http://{release.pod_ip()}:{release.port('health')}/healthz",
+        f"http://{release.pod_ip()}:{release.port('metrics')}/metrics",
     ):
         chart_loop.wait(lambda u=url: answers(u) == 200, timeout=60, what=f"{url} answering 200")
     print(f"\nFIGURES helm_install_wait_s={release.install_seconds:.1f}")
+
+
+# Run inside the operator's container with its own Python: the in-cluster configuration as a client library reads
+# it (the Service's environment, the projected token and CA), TLS verified against that CA with the host name
+# checked, and the API server asked who the token is. Then the API server's loopback address, which only the
+# host's network namespace has.
+IN_CLUSTER_PROBE = """
+import json, os, socket, ssl, sys, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+context = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+request = urllib.request.Request(
+    f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    data=json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode(),
+    headers={"Authorization": "Bearer " + open(f"{sa}/token").read(), "Content-Type": "application/json"},
+)
+with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+    review = json.load(answer)
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
+    loopback = "connected"
+except OSError as err:
+    loopback = type(err).__name__
+print(json.dumps({"user": review["status"]["userInfo"]["username"], "loopback_api": loopback}))
+"""
+
+
+def test_the_operator_container_has_its_own_network_namespace_and_ip_and_reaches_the_api_server_with_verified_tls(
+    chart_loop: Loop, chart_operator: chartrelease.ChartRelease
+) -> None:
+    release, network = chart_operator, chart_loop.bed.runner.containers.network
+    pod, local = release.pod(), release.container()
+    # The pod's IP is the container's address on podman's bridge, as the runner read it from podman.
+    bridge = podnet.bridge()
+    ip = pod["status"]["podIP"]
+    assert bridge.holds(ip) and pod["status"]["podIPs"] == [{"ip": ip}], (bridge, pod["status"])
+    assert podnet.container_ip(local.instance) == ip == local.pod_ip
+    # Its network namespace is not this host's.
+    (inspected,) = json.loads(containers.podman("inspect", local.instance).stdout)
+    assert inspected["HostConfig"]["NetworkMode"] == "bridge", inspected["HostConfig"]["NetworkMode"]
+    assert podnet.network_namespace_inode(inspected["State"]["Pid"]) != podnet.network_namespace_inode(os.getpid())
+    # It reaches the API server through the relay with in-cluster config, as its ServiceAccount; the API server's
+    # loopback address is not there for it.
+    relayed = network.relay.connections if network.relay else 0
+    api_port = chart_loop.plane.server.rpartition(":")[2]
+    said = json.loads(in_container(release, "python", "-c", IN_CLUSTER_PROBE, api_port))
+    account = f"system:serviceaccount:{release.namespace}:{release.release}-trainingrun"
+    assert said == {"user": account, "loopback_api": "ConnectionRefusedError"}, said
+    assert network.relay is not None and network.relay.connections > relayed
+    assert network.relay.address[0] == bridge.gateway
 
 
 def test_the_users_journey_runs_against_the_operator_in_its_container(

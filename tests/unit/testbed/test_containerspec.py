@@ -77,16 +77,22 @@ def operator_pod() -> dict[str, Any]:
     }
 
 
-def test_the_charts_pod_runs_as_65532_read_only_without_capabilities_on_the_hosts_network() -> None:
+def test_the_charts_pod_runs_as_65532_read_only_without_capabilities_on_the_network_it_is_given() -> None:
     pod = operator_pod()
     (container,) = pod["spec"]["containers"]
     mounts = containerspec.mounts(pod, container)
     binds = [(Path(f"/host/{m.volume}"), m) for m in mounts]
     options = containerspec.run_options(
-        pod, container, name="k8s_operator_x", env={"A": "1"}, binds=binds, labels={"io.kubernetes.pod.name": "op"}
+        pod,
+        container,
+        name="k8s_operator_x",
+        env={"A": "1"},
+        binds=binds,
+        labels={"io.kubernetes.pod.name": "op"},
+        network=["--network", "podman"],
     )
     joined = " ".join(options)
-    assert "--name k8s_operator_x --network host --uts private --hostname op-7d9-x2 --pull never" in joined
+    assert "--name k8s_operator_x --network podman --uts private --hostname op-7d9-x2 --pull never" in joined
     assert "--user 65532:65532" in joined and "--read-only" in options
     assert "--security-opt no-new-privileges" in joined and "--cap-drop all" in joined
     assert "--cpus 1" in joined and f"--memory {512 * 2**20}" in joined
@@ -99,7 +105,7 @@ def test_the_charts_pod_runs_as_65532_read_only_without_capabilities_on_the_host
 def test_a_command_replaces_the_images_entrypoint() -> None:
     pod = operator_pod()
     container = {**pod["spec"]["containers"][0], "command": ["python", "-m", "x"]}
-    options = containerspec.run_options(pod, container, name="n", env={}, binds=[], labels={})
+    options = containerspec.run_options(pod, container, name="n", env={}, binds=[], labels={}, network=[])
     assert options[options.index("--entrypoint") + 1] == json.dumps(["python", "-m", "x"])
 
 
@@ -131,12 +137,12 @@ def test_a_missing_ca_configmap_means_the_volume_is_not_ready_yet() -> None:
         )
 
 
-def test_the_kubernetes_service_names_the_api_servers_real_address_and_the_containers_env_follows() -> None:
+def test_the_kubernetes_service_names_the_address_it_is_given_and_the_containers_env_follows() -> None:
     pod = operator_pod()
     env = containerspec.environment(
-        pod, pod["spec"]["containers"][0], lambda *_: None, api_host="127.0.0.1", api_port=6443
+        pod, pod["spec"]["containers"][0], lambda *_: None, api_host="10.88.0.1", api_port=6443
     )
-    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.88.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
     assert env["WATCH_NAMESPACES"] == ""
     assert "KUBECONFIG" not in env
 

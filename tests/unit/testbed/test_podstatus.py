@@ -46,3 +46,35 @@ def test_a_container_not_yet_running_has_no_id_and_the_pod_is_not_ready() -> Non
         "Ready": "False",
         "ContainersReady": "False",
     }
+
+
+def test_a_running_container_reports_its_bridge_address_as_the_pods_ip_replacing_kwoks_placeholder() -> None:
+    body = podstatus.container(
+        name="operator",
+        image="i",
+        image_id="sha256:abc",
+        container_id="podman://123",
+        restarts=0,
+        ready=False,
+        state={"running": {"startedAt": "t"}},
+        last_terminated=None,
+        when="t",
+        pod_ip="10.88.0.7",
+    )
+    assert body["status"]["podIP"] == "10.88.0.7"
+    assert body["status"]["podIPs"] == [{"$patch": "replace"}, {"ip": "10.88.0.7"}]  # not merged with kwok's
+
+
+def test_without_an_ip_the_patch_leaves_the_pods_ip_alone() -> None:
+    body = podstatus.container(
+        name="operator",
+        image="i",
+        image_id="",
+        container_id="",
+        restarts=0,
+        ready=False,
+        state={"waiting": {"reason": "ErrImageNeverPull"}},
+        last_terminated=None,
+        when="t",
+    )
+    assert "podIP" not in body["status"] and "podIPs" not in body["status"]
