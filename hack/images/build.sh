@@ -34,14 +34,15 @@ trap 'echo "image build FAILED (line $LINENO); rerun: make images" >&2' ERR
 
 ensure_tools() {
     local missing=()
-    for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+    # openssl: the test bed makes the API server's CA and serving certificate with it (hack/testbed/credentials.py)
+    for tool in podman runc mmdebstrap openssl; do command -v "$tool" >/dev/null || missing+=("$tool"); done
     (( ${#missing[@]} == 0 )) && return 0
     if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
-        echo "missing: ${missing[*]}; install Debian's podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap)" >&2
+        echo "missing: ${missing[*]}; install Debian's podman, runc, mmdebstrap and openssl (apt-get install podman runc mmdebstrap openssl)" >&2
         return 1
     fi
-    log "installing podman, runc, mmdebstrap from Debian's packages"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc mmdebstrap containernetworking-plugins >/dev/null
+    log "installing podman, runc, mmdebstrap, openssl from Debian's packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc mmdebstrap openssl containernetworking-plugins >/dev/null
 }
 
 mkdir -p "$CACHE"

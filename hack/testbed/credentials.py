@@ -10,8 +10,8 @@ Tokens minted later for ServiceAccounts come from the TokenRequest API (`kubeapi
                         manager signs with sa.key
     certs/ca.crt        a CA of the bed's own (ECDSA P-256): the cluster CA (kubeconfigs, kube-root-ca.crt)
     certs/apiserver.crt the serving certificate it signed, then the CA (the chain the API server sends), and its key
-    certs/apiserver.key in apiserver.key: the API server finds the pair in its --cert-dir and serves it rather than
-                        making a self-signed one. Its SANs: loopback, the `kubernetes` Service's names and
+    certs/apiserver.key in apiserver.key: the API server serves the pair (--tls-cert-file, --tls-private-key-file)
+                        instead of making a self-signed one. Its SANs: loopback, the `kubernetes` Service's names and
                         ClusterIP, and the addresses the caller adds (podman's bridge gateway, where container pods
                         reach it through the bed's relay: podnet.py), so that TLS verification passes there too
 
