@@ -57,7 +57,7 @@ import fullloop  # noqa: E402
 import ourop  # noqa: E402
 from support import waiting  # noqa: E402
 from trainingrun_runtime import timestamps  # noqa: E402
-from trainingrun_runtime.driver import events  # noqa: E402
+from trainingrun_runtime.driver import events, notice  # noqa: E402
 
 NAMESPACE = "bench-goodput"
 SAVE_PERIOD = 10
@@ -113,7 +113,12 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
         if current.get("phase") in ("Succeeded", "Failed"):
             break
         for hit in schedule:
-            if hit.kind == "head_loss" and hit.t and hit.notice_recorded_s is None and notice_saved(current, hit):
+            if (
+                hit.kind == "head_loss"
+                and hit.t
+                and hit.notice_recorded_s is None
+                and notice_saved(bed, name, current, hit)
+            ):
                 hit.notice_recorded_s = time.time() - hit.t
         attempt, step = runtime_step(plane, name)
         running = int((current.get("attempt") or {}).get("number") or 0)
@@ -161,10 +166,17 @@ def step_times(bed: fullloop.FullLoopBed, name: str) -> tuple[list[tuple[float, 
     return sorted(done), logs
 
 
-def notice_saved(current: dict[str, Any], hit: Strike) -> bool:
-    """Whether status records a checkpoint that the struck attempt saved on the head's preemption notice."""
+def notice_saved(bed: fullloop.FullLoopBed, name: str, current: dict[str, Any], hit: Strike) -> bool:
+    """Whether status records the checkpoint that answered the struck attempt's preemption notice: the step in the
+    driver's answer (notice-answer.json, on the PVC), recorded for that attempt whatever its reason (a notice that
+    came during a periodic save is answered by that save, recorded as Periodic)."""
+    answer = bed.runner.claim_directory(NAMESPACE, f"{name}-checkpoints") / name / "attempts" / str(hit.attempt)
+    try:
+        step = json.loads((answer / notice.ANSWER_FILE).read_text()).get("step")
+    except (OSError, ValueError):
+        return False
     history = (current.get("checkpoints") or {}).get("history") or []
-    return any(c.get("reason") == "PreemptionNotice" and c.get("attempt") == hit.attempt for c in history)
+    return step is not None and any(c.get("step") == step and c.get("attempt") == hit.attempt for c in history)
 
 
 def steps_per_s(done: list[tuple[float, int, int]], start: float, end: float) -> float:
