@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import containerruntime
+import proxy
 
 log = logging.getLogger(__name__)
 
 NETWORK = "podman"  # podman's default network (a bridge); rootful podman creates it on first use
 IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # Linux: bind an address not (yet) on an interface
 CONNECT_TIMEOUT = 5.0
-DRAIN_TIMEOUT = 30.0  # after the pod closed its side, how long the API server's side may go on
 MAX_CONNECTIONS = 256
+DRAIN_TIMEOUT = 30.0  # after the pod closed its side, how long the API server's side may go on
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,9 @@ def network_namespace_inode(pid: int) -> int:
 
 @dataclass(eq=False)
 class ApiRelay:
-    """A TCP relay from `listen_host` (any free port) to `target` on loopback: one thread accepts, two threads per
-    connection copy bytes each way until either side closes. `stop()` closes the listener and every connection."""
+    """A TCP relay from `listen_host` (any free port) to `target` on loopback: one thread accepts, one thread per
+    connection copies bytes both ways (`proxy.relay`) until the API server's side closes. `stop()` closes the
+    listener and every connection."""
 
     listen_host: str
     target: tuple[str, int]
@@ -155,7 +157,7 @@ class ApiRelay:
         with self._lock:
             sockets = list(self._open)
         for sock in sockets:
-            _close(sock)
+            proxy.close(sock)
         if self._thread is not None:
             self._thread.join(5)
 
@@ -168,7 +170,7 @@ class ApiRelay:
                 return  # the listener was closed (stop)
             with self._lock:
                 if self._stopped.is_set() or len(self._open) >= 2 * MAX_CONNECTIONS:
-                    _close(client)
+                    proxy.close(client)
                     continue
                 self.connections += 1
             threading.Thread(target=self._connect, args=(client,), name="api-relay-conn", daemon=True).start()
@@ -178,40 +180,24 @@ class ApiRelay:
             upstream = socket.create_connection(self.target, timeout=CONNECT_TIMEOUT)
         except OSError as err:
             log.warning("API relay: %s:%s unreachable: %s", *self.target, err)
-            _close(client)
+            proxy.close(client)
             return
-        upstream.settimeout(None)
         with self._lock:
             if self._stopped.is_set():
-                _close(client)
-                _close(upstream)
+                proxy.close(client)
+                proxy.close(upstream)
                 return
             self._open.update((client, upstream))
-        down = threading.Thread(target=_pump, args=(upstream, client), name="api-relay-down", daemon=True)
-        down.start()
-        _pump(client, upstream)  # the pod's side ended: the API server's answer may still be on its way
-        down.join(DRAIN_TIMEOUT)
-        with self._lock:
-            self._open.difference_update((client, upstream))
-        _close(client)
-        _close(upstream)
-
-
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copies `source` to `sink` until `source` ends (or either fails), then half-closes `sink`."""
-    try:
-        while chunk := source.recv(65536):
-            sink.sendall(chunk)
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        sink.shutdown(socket.SHUT_WR)
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
+        try:
+            # No idle bound: a watch may go quiet for long.
+            proxy.relay(client, upstream, stopping=self._stopped, idle_timeout=None, drain_timeout=DRAIN_TIMEOUT)
+        except OSError as err:
+            log.debug("API relay connection ended: %s", err)
+        finally:
+            with self._lock:
+                self._open.difference_update((client, upstream))
+            proxy.close(client)
+            proxy.close(upstream)
 
 
 @dataclass(eq=False)

@@ -189,7 +189,7 @@ class ForwardProxy:
             self._listener.close()
         with self._lock:
             for sock in list(self._open):
-                _close(sock)
+                close(sock)
             workers = list(self._workers)
         deadline = time.monotonic() + timeout
         for worker in workers:
@@ -225,7 +225,7 @@ class ForwardProxy:
             if busy:
                 client.settimeout(1.0)
                 _send_error(client, 503, "proxy busy: too many connections")
-                _close(client)
+                close(client)
                 continue
             worker = threading.Thread(target=self._serve, args=(client,), name="proxy-conn", daemon=True)
             with self._lock:
@@ -268,7 +268,7 @@ class ForwardProxy:
                 with self._lock:
                     self.stats.forwarded += 1
                 upstream.sendall(_origin_form(head, host, port))
-            self._relay(client, upstream)
+            relay(client, upstream, stopping=self._stopping, idle_timeout=self.idle_timeout)
         except BadRequest as err:
             with self._lock:
                 self.stats.bad_requests += 1
@@ -278,7 +278,7 @@ class ForwardProxy:
         finally:
             for sock in (client, upstream):
                 if sock is not None:
-                    _close(sock)
+                    close(sock)
             with self._lock:
                 self._open.discard(client)
                 if upstream is not None:
@@ -305,40 +305,55 @@ class ForwardProxy:
             buffer += chunk
         return parse_head(buffer)
 
-    def _relay(self, client: socket.socket, upstream: socket.socket) -> None:
-        """Copies bytes both ways until the upstream closes, or nothing moves for `idle_timeout` seconds."""
-        client.setblocking(False)
-        upstream.setblocking(False)
-        peer = {client: upstream, upstream: client}
-        with selectors.DefaultSelector() as selector:
-            selector.register(client, selectors.EVENT_READ)
-            selector.register(upstream, selectors.EVENT_READ)
+
+def relay(
+    client: socket.socket,
+    upstream: socket.socket,
+    *,
+    stopping: threading.Event,
+    idle_timeout: float | None,
+    drain_timeout: float | None = None,
+) -> None:
+    """Copies bytes both ways until the upstream closes, `stopping` is set, or nothing moves for `idle_timeout`
+    seconds (None: no bound); a client's half-close is passed on and the upstream's answer read for at most
+    `drain_timeout` seconds more (None: no bound). Also the test bed's relay to the API server (`podnet`)."""
+    client.setblocking(False)
+    upstream.setblocking(False)
+    peer = {client: upstream, upstream: client}
+    with selectors.DefaultSelector() as selector:
+        selector.register(client, selectors.EVENT_READ)
+        selector.register(upstream, selectors.EVENT_READ)
+        last = time.monotonic()
+        drained_by: float | None = None  # set when the client half-closed, with a drain_timeout
+        while not stopping.is_set():
+            if drained_by is not None and time.monotonic() > drained_by:
+                return
+            events = selector.select(timeout=0.5)
+            if not events:
+                if idle_timeout is not None and time.monotonic() - last > idle_timeout:
+                    log.debug("relay idle for %.0fs; closing", idle_timeout)
+                    return
+                continue
             last = time.monotonic()
-            while not self._stopping.is_set():
-                events = selector.select(timeout=0.5)
-                if not events:
-                    if time.monotonic() - last > self.idle_timeout:
-                        log.debug("proxy relay idle for %.0fs; closing", self.idle_timeout)
-                        return
+            for key, _ in events:
+                source: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = source.recv(65536)
+                except BlockingIOError:
                     continue
-                last = time.monotonic()
-                for key, _ in events:
-                    source: socket.socket = key.fileobj  # type: ignore[assignment]
+                if not data:
+                    if source is upstream:
+                        return
+                    # The client finished sending (half close); keep reading the response.
+                    selector.unregister(client)
+                    if drain_timeout is not None:
+                        drained_by = time.monotonic() + drain_timeout
                     try:
-                        data = source.recv(65536)
-                    except BlockingIOError:
-                        continue
-                    if not data:
-                        if source is upstream:
-                            return
-                        # The client finished sending (half close); keep reading the response.
-                        selector.unregister(client)
-                        try:
-                            upstream.shutdown(socket.SHUT_WR)
-                        except OSError:
-                            pass
-                        continue
-                    _send_all(peer[source], data, self.idle_timeout)
+                        upstream.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+                    continue
+                _send_all(peer[source], data, idle_timeout)
 
 
 def _origin_form(head: RequestHead, host: str, port: int) -> bytes:
@@ -366,8 +381,8 @@ def _origin_form(head: RequestHead, host: str, port: int) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + head.rest
 
 
-def _send_all(sock: socket.socket, data: bytes, timeout: float) -> None:
-    """sendall for a non-blocking socket, bounded by `timeout` without progress."""
+def _send_all(sock: socket.socket, data: bytes, timeout: float | None) -> None:
+    """sendall for a non-blocking socket, bounded by `timeout` without progress (None: no bound)."""
     view = memoryview(data)
     with selectors.DefaultSelector() as selector:
         selector.register(sock, selectors.EVENT_WRITE)
@@ -395,7 +410,8 @@ def _send_error(sock: socket.socket, status: int, message: str) -> None:
         pass
 
 
-def _close(sock: socket.socket) -> None:
+def close(sock: socket.socket) -> None:
+    """Shut both directions down (the peer sees the end at once), then close."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
