@@ -81,14 +81,18 @@ def attempt_processes(run_dir: pathlib.Path, attempt: int, supervisor: int) -> d
     return found
 
 
-def recorded_with_progress(status_path: pathlib.Path, attempt: int) -> int | None:
-    """The step of a checkpoint that `attempt` recorded, once its driver has reported a step beyond it."""
+def recorded_before_the_end(status_path: pathlib.Path, attempt: int, steps: int) -> int | None:
+    """The step of a checkpoint that `attempt` recorded while it is still training (before step `steps`).
+
+    Not "once a step past it is reported": a checkpoint report resets the driver's progress period, so when
+    checkpoints come less than a period apart (a fast machine) the status never shows a step past the newest one.
+    """
     status = read_json(status_path)
     latest = (status.get("checkpoints") or {}).get("latest") or {}
     runtime = status.get("runtime") or {}
-    if latest.get("attempt") != attempt or runtime.get("attempt") != attempt:
+    if latest.get("attempt") != attempt or runtime.get("attempt") != attempt or runtime.get("finished"):
         return None
-    return int(latest["step"]) if int(runtime.get("step") or 0) > int(latest["step"]) else None
+    return int(latest["step"]) if int(latest["step"]) < steps else None
 
 
 @pytest.mark.timeout(1500)
@@ -125,7 +129,8 @@ def test_a_frozen_driver_is_ended_as_stalled_and_the_next_attempt_resumes_from_t
     tmp_path: pathlib.Path,
 ) -> None:
     deadline = 20
-    run_file = shortened(tmp_path, steps=30, save_period=5, progressDeadlineSeconds=deadline)
+    steps = 60  # long enough, at any speed, to freeze it before it ends
+    run_file = shortened(tmp_path, steps=steps, save_period=5, progressDeadlineSeconds=deadline)
     root = tmp_path / "runs"
     supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "trainingrun.log")
     run_dir = root / "tiny"
@@ -134,8 +139,8 @@ def test_a_frozen_driver_is_ended_as_stalled_and_the_next_attempt_resumes_from_t
         return (tmp_path / "trainingrun.log").read_text(errors="replace")[-4000:]
 
     try:
-        waiting.wait(lambda: recorded_with_progress(run_dir / "status.json", 1), timeout=600,
-                     what="attempt 1's recorded checkpoint and a step past it", diagnostics=diagnostics)  # fmt: skip
+        waiting.wait(lambda: recorded_before_the_end(run_dir / "status.json", 1, steps), timeout=600,
+                     what="attempt 1's recorded checkpoint before its last step", diagnostics=diagnostics)  # fmt: skip
         found = attempt_processes(run_dir, 1, supervisor.pid)
         frozen = [
             pid for pid, cmd in found.items() if "-m trainingrun_runtime" in cmd or "ray::SingleController" in cmd
@@ -175,12 +180,13 @@ def test_a_frozen_driver_is_ended_as_stalled_and_the_next_attempt_resumes_from_t
 
 @pytest.mark.timeout(1200)
 def test_a_killed_trainingrun_takes_its_attempt_down_and_the_same_command_resumes(tmp_path: pathlib.Path) -> None:
-    run_file = shortened(tmp_path, steps=20, save_period=5)
+    steps = 40  # long enough, at any speed, to kill it before it ends
+    run_file = shortened(tmp_path, steps=steps, save_period=5)
     root = tmp_path / "runs"
     run_dir = root / "tiny"
     supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "first.log")
     try:
-        waiting.wait(lambda: recorded_with_progress(run_dir / "status.json", 1), timeout=600,
+        waiting.wait(lambda: recorded_before_the_end(run_dir / "status.json", 1, steps), timeout=600,
                      what="attempt 1 training past a recorded checkpoint",
                      diagnostics=lambda: (tmp_path / "first.log").read_text(errors="replace")[-4000:])  # fmt: skip
         training = attempt_processes(run_dir, 1, supervisor.pid)
@@ -209,7 +215,7 @@ def test_a_killed_trainingrun_takes_its_attempt_down_and_the_same_command_resume
     first, second = status["attempts"]
     assert first["reason"] == "Preempted" and "SupervisorRestarted" in first["message"], first
     assert second["reason"] == "Succeeded" and second["resumedFrom"] >= recorded["step"], (second, recorded)
-    assert status["checkpoints"]["latest"]["step"] == 20 and status["checkpoints"]["latest"]["attempt"] == 2
+    assert status["checkpoints"]["latest"]["step"] == steps and status["checkpoints"]["latest"]["attempt"] == 2
     assert (run_dir / "attempts" / "1" / "events.jsonl").read_text() == trace, "attempt 1 trained on after the kill"
     assert "left by earlier supervisors" not in again.stderr, "the reaper, not the re-run, cleaned up"
     reaped = (run_dir / "reaper.log").read_text().strip()  # the first supervisor's reaper has finished by now
