@@ -1,27 +1,33 @@
-"""The pod runner's containers: the pods bound to the bed's container nodes run as real podman containers (runc),
-as a kubelet runs them; Ray pods stay local processes (localpod.py). A TEST COMPONENT.
+"""The pod runner's containers: the pods bound to the bed's container nodes, and with the runner's
+`ray_in_containers` KubeRay's Ray pods, run as real podman containers (runc), as a kubelet runs them; otherwise Ray
+pods are local processes (localpod.py). A TEST COMPONENT.
 
 Who uses it: `podrunner.PodRunner` (it calls `sync` on every pass with the pods bound to its container nodes and
 `stop` when it stops), `chaos` (a hung container) and the tests (a pod's container: `find`).
 
     kube-scheduler binds a pod to a container node; the node's kwok sets it Running with a pod IP, not ready
       └── ContainerPods.sync (every pass of the pod runner)
-          ├── start    ──> the pod's volumes made once: emptyDir a 0777 directory; projected the ServiceAccount
-          │                token (TokenRequest, bound to the pod), the namespace's kube-root-ca.crt (the API
-          │                server's CA, published by the controller manager), the namespace (containerspec.py);
-          │                the image checked (never pulled); `podman run --rm` left attached, so that its exit
-          │                is the container's, on podman's bridge: a network namespace and IP of its own, and
-          │                KUBERNETES_SERVICE_HOST/PORT the bed's relay to the API server (podnet.py); Running
-          │                once podman wrote the container id, with the container's IP as the pod's podIP, and
-          │                Ready then unless a readiness probe says otherwise; the kubelet's events (Pulled,
-          │                Created, Started)
-          ├── probes   ──> a thread per probe of the running container, aimed at the pod's IP and the probe's
-          │                container port as a kubelet's (probes.py); a failed liveness verdict:
-          │                events Unhealthy and Killing, `podman stop` (SIGTERM, SIGKILL after the grace period)
+          ├── start    ──> once the runner can name the pod's hosts (`hosts`: a Ray worker waits for its head),
+          │                the pod's volumes made once: emptyDir a 0777 directory (medium Memory: a tmpfs, podman's
+          │                --shm-size at /dev/shm); a PVC its PV's directory (`claim_directory`); projected the
+          │                ServiceAccount token (TokenRequest, bound to the pod), the namespace's kube-root-ca.crt
+          │                (the API server's CA, published by the controller manager), the namespace
+          │                (containerspec.py); a Ray container's /tmp/ray a directory of the pod's
+          │                (RAY_TMP_VOLUME); the images checked (never pulled); the init containers one after
+          │                another, each to exit 0, then the pod's container; each `podman run --rm` left
+          │                attached, so that its exit is the container's, on podman's bridge: a network
+          │                namespace and IP of its own, the hosts as --add-host, and KUBERNETES_SERVICE_HOST/PORT
+          │                the bed's relay to the API server (podnet.py); Running once podman wrote the container
+          │                id, with the container's IP as the pod's podIP, and Ready then unless a readiness probe
+          │                says otherwise; the kubelet's events (Pulled, Created, Started)
+          ├── probes   ──> a thread per probe of the running container, as a kubelet's (probes.py): httpGet at the
+          │                pod's IP and the probe's container port, exec by `podman exec`; a failed liveness
+          │                verdict: events Unhealthy and Killing, `podman stop` (SIGTERM, SIGKILL after the grace)
           ├── exits    ──> the termination becomes lastState.terminated; restarted under restartPolicy Always (or
           │                OnFailure after a failure): the first restart at once, then after 10 s, 20 s, ... up
           │                to 300 s (CrashLoopBackOff), restartCount + 1; else phase Failed/Succeeded
-          └── endings  ──> pod deleted: `podman stop` within its grace period (capped by `grace_cap`), then the
+          └── endings  ──> pod deleted: its preStop exec hook (`podman exec`), then `podman stop`, both within its
+                           grace period (capped by `grace_cap`; a hook that used it up leaves 2 s), then the
                            final delete; node deleted: killed at once; `stop()`: every container removed, and
                            the relay stopped
 
@@ -50,14 +56,33 @@ import containerspec
 import fakenodes
 import kubeapi
 import podnet
+import podspec
 import podstatus
 import probes
+import provisioner
 from trainingrun_runtime import timestamps
 
 log = logging.getLogger(__name__)
 
 RUNNER_LABEL = "dev.trainingrun.testbed.runner"
+PRE_STOP_EXTENSION_S = 2.0
+PODMAN_EXEC_SLACK_S = 3.0
+"""Added to an exec probe's timeoutSeconds: `podman exec` itself takes a while to start on a loaded machine (the
+kubelet's timeout covers only the command; KubeRay's probes allow 1-2 s)."""
+RAY_TMP_VOLUME = "ray-tmp"
+"""A Ray container's /tmp/ray (Ray's session: logs, sockets) is this directory of the pod's on this machine, so that
+the tests read a driver's log after its head is gone, as a cluster's log collection would keep it. The bed's one
+addition to a Ray pod."""
 LIVE_STATES = ("creating", "running", "backoff")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One container of a pod as it will run: its spec, its environment and its mounts' host directories."""
+
+    spec: dict[str, Any]
+    env: dict[str, str]
+    binds: list[tuple[Path, containerspec.Mount]]
 
 
 @dataclass(eq=False)
@@ -74,8 +99,11 @@ class ContainerPod:
     grace_seconds: float
     directory: Path  # volumes, logs, container ids
     pod: dict[str, Any]  # the pod as it was when the runner started it (its spec does not change)
-    env: dict[str, str] = field(default_factory=dict)
-    binds: list[tuple[Path, containerspec.Mount]] = field(default_factory=list)
+    # What each container is given, init containers first, the pod's container last: its spec, environment, and
+    # the host directory of each of its mounts (in `stage` order).
+    stages: list[Stage] = field(default_factory=list)
+    stage: int = 0  # the container that runs now (or next): an init container while stage < len(stages) - 1
+    hosts: dict[str, str] = field(default_factory=dict)  # --add-host entries, fixed at the pod's start
     image_id: str = ""
     container_id: str = ""
     pod_ip: str = ""  # the current instance's address on the bridge (reported as the pod's IP)
@@ -95,17 +123,34 @@ class ContainerPod:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def current(self) -> str:
+        """The name of the container that runs now (an init container's until they have all succeeded)."""
+        return str(self.stages[self.stage].spec["name"]) if self.stages else self.container
+
+    @property
+    def initializing(self) -> bool:
+        return self.stage < len(self.stages) - 1
+
+    @property
     def instance(self) -> str:
         """The current container's name, as the kubelet's dockershim named them (one per restart)."""
-        return f"k8s_{self.container}_{self.name}_{self.namespace}_{self.uid[:8]}_{self.restarts}"
+        return f"k8s_{self.current}_{self.name}_{self.namespace}_{self.uid[:8]}_{self.restarts}"
 
     @property
     def log_path(self) -> Path:
-        return self.directory / f"{self.container}-{self.restarts}.log"
+        return self.directory / f"{self.current}-{self.restarts}.log"
 
     @property
     def cid_file(self) -> Path:
-        return self.directory / f"{self.container}-{self.restarts}.cid"
+        return self.directory / f"{self.current}-{self.restarts}.cid"
+
+    def job_driver_logs(self) -> dict[str, str]:
+        """A Ray head's per-job driver logs (`job-driver-<submission id>.log`), by file name: Ray's /tmp/ray is a
+        directory of the pod's on this machine (RAY_TMP_VOLUME), so they outlive the container."""
+        return {
+            path.name: path.read_text(errors="replace")
+            for path in sorted((self.directory / "volumes" / RAY_TMP_VOLUME).glob("session_*/logs/job-driver-*.log"))
+        }
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -123,6 +168,11 @@ class ContainerPods:
     record: Callable[[str], None]  # the pod runner's event list
     remove: Callable[[dict[str, Any]], None]  # the kubelet's final delete of a pod object
     grace_cap: float = 10.0
+    # Where PVC (namespace, claim)'s data lives on this machine (its PV's directory); None: no claim is mounted.
+    claim_directory: Callable[[str, str], Path] | None = None
+    # name -> IP that `pod` resolves without cluster DNS (its RayCluster's head Service), None while a name it
+    # needs has no address yet (its head not running): the pod waits for a later pass.
+    hosts: Callable[[dict[str, Any]], dict[str, str] | None] | None = None
     pods: dict[str, ContainerPod] = field(init=False, default_factory=dict)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
     _not_ready: set[str] = field(init=False, default_factory=set)  # pods whose volume was reported not ready
@@ -139,6 +189,12 @@ class ContainerPods:
         with self._lock:
             found = [p for p in self.pods.values() if p.namespace == namespace and p.name == name]
         return found[-1] if found else None
+
+    def running(self) -> list[ContainerPod]:
+        """The pods whose container runs now (the pod's own container, not an init container)."""
+        with self._lock:
+            pods = list(self.pods.values())
+        return [p for p in pods if p.state == "running" and not p.initializing]
 
     def describe(self) -> list[str]:
         with self._lock:
@@ -185,7 +241,9 @@ class ContainerPods:
             elif local is None:
                 status = pod.get("status") or {}
                 if fakenodes.kubelet_up(node) and status.get("phase") == "Running" and status.get("podIP"):
-                    self._start(pod)
+                    hosts = {} if self.hosts is None else self.hosts(pod)
+                    if hosts is not None:
+                        self._start(pod, hosts)
             elif node is None:
                 self._kill(local, f"node {local.node} deleted", grace=0.0)
             elif not fakenodes.node_ready(node):
@@ -202,7 +260,7 @@ class ContainerPods:
 
     # -- starting ------------------------------------------------------------------------------------------
 
-    def _start(self, pod: dict[str, Any]) -> None:
+    def _start(self, pod: dict[str, Any], hosts: dict[str, str]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         containers = spec["containers"]
         local = ContainerPod(
@@ -216,10 +274,11 @@ class ContainerPods:
             grace_seconds=float(min(spec.get("terminationGracePeriodSeconds", 30), self.grace_cap)),
             directory=self.workdir / "containers" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}",
             pod=pod,
+            hosts=hosts,
         )
         try:
-            if len(containers) != 1 or spec.get("initContainers"):
-                raise probes.Unsupported("only pods of one container (and no init containers) are run")
+            if len(containers) != 1:
+                raise probes.Unsupported("only pods of one container (and its init containers) are run")
             self._prepare(local)
         except containerspec.VolumeNotReady as err:
             if local.uid not in self._not_ready:  # the kubelet retries the mount; so does the next pass
@@ -240,59 +299,85 @@ class ContainerPods:
         self._launch(local)
 
     def _prepare(self, local: ContainerPod) -> None:
-        """The pod's volumes and environment, and the image's id (the image must be here: the bed pulls none)."""
+        """The pod's volumes and each container's environment, and the image's id (the image must be here: the bed
+        pulls none)."""
         pod, container = local.pod, local.pod["spec"]["containers"][0]
-        policy = container.get("imagePullPolicy", "IfNotPresent")
-        if policy == "Always":
-            raise probes.Unsupported(f"imagePullPolicy Always for {local.image}: the test bed pulls no image")
+        everyone = [*(pod["spec"].get("initContainers") or []), container]
+        for each in everyone:
+            policy = each.get("imagePullPolicy", "IfNotPresent")
+            if policy == "Always":
+                raise probes.Unsupported(f"imagePullPolicy Always for {each['image']}: the test bed pulls no image")
+            found = containerruntime.podman("image", "inspect", "--format", "{{.Id}}", each["image"], check=False)
+            if found.returncode != 0:
+                message = f'Container image "{each["image"]}" is not present with pull policy of {policy}'
+                raise containerruntime.PodmanError(message)
+            local.image_id = found.stdout.strip()  # the last one: the pod's container
         for kind in ("livenessProbe", "readinessProbe"):
             probes.read(container, kind)  # one the runner cannot play refuses the pod now, not once it runs
         if container.get("startupProbe"):
             raise probes.Unsupported(f"{local.container}.startupProbe: not played")
         if pod["spec"].get("hostNetwork"):
             raise probes.Unsupported("hostNetwork: the bed gives every container pod a network namespace of its own")
-        found = containerruntime.podman("image", "inspect", "--format", "{{.Id}}", local.image, check=False)
-        if found.returncode != 0:
-            message = f'Container image "{local.image}" is not present with pull policy of {policy}'
-            raise containerruntime.PodmanError(message)
-        local.image_id = found.stdout.strip()
-        mounts = containerspec.mounts(pod, container)
-        binds = []
-        for mount in mounts:
-            source = local.directory / "volumes" / mount.volume
-            if mount.kind == "projected":
-                files = containerspec.projected_files(
-                    pod, mount.volume, token=lambda audience, ttl: self._token(pod, audience, ttl), config_map=self._key
-                )
-                _write_files(source, files)
-            else:
-                source.mkdir(parents=True, exist_ok=True)
-                source.chmod(0o777)  # as the kubelet makes an emptyDir: any user of the pod may write it
-            binds.append((source, mount))
-        local.binds = binds
         api_host, api_port = self.network.api_address()  # the relay on the bridge's gateway (started once)
-        local.env = containerspec.environment(pod, container, self._lookup, api_host=api_host, api_port=api_port)
+        stages = []
+        for each in everyone:
+            binds = [(self._volume(local, mount), mount) for mount in containerspec.mounts(pod, each)]
+            if podspec.plays(pod) and each is container:
+                ray_tmp = containerspec.Mount(RAY_TMP_VOLUME, "emptyDir", "/tmp/ray", read_only=False)
+                binds.append((self._volume(local, ray_tmp), ray_tmp))
+            env = containerspec.environment(pod, each, self._lookup, api_host=api_host, api_port=api_port)
+            stages.append(Stage(each, env, binds))
+        local.stages = stages
         local.directory.mkdir(parents=True, exist_ok=True)
         self._event(local, "Normal", "Pulled", f'Container image "{local.image}" already present on machine')
 
+    def _volume(self, local: ContainerPod, mount: containerspec.Mount) -> Path:
+        """The host directory behind `mount` (made once per pod and volume): a PVC's PV directory (and subPath), a
+        projected volume's files, an emptyDir's directory; a memory emptyDir has none (podman makes its tmpfs)."""
+        pod = local.pod
+        if mount.kind == "persistentVolumeClaim":
+            if self.claim_directory is None:
+                raise probes.Unsupported(f"volume {mount.volume!r}: this runner mounts no claim")
+            try:
+                source = self.claim_directory(local.namespace, mount.claim)
+            except provisioner.ClaimNotMountable as err:  # not bound yet: the kubelet retries the mount, as we do
+                raise containerspec.VolumeNotReady(str(err)) from err
+            if mount.sub_path:
+                source = source / mount.sub_path
+                source.mkdir(parents=True, exist_ok=True)
+            return source
+        source = local.directory / "volumes" / mount.volume
+        if mount.kind == "projected":
+            files = containerspec.projected_files(
+                pod, mount.volume, token=lambda audience, ttl: self._token(pod, audience, ttl), config_map=self._key
+            )
+            _write_files(source, files)
+        elif mount.kind == "emptyDir" and not source.is_dir():
+            source.mkdir(parents=True, exist_ok=True)
+            source.chmod(0o777)  # as the kubelet makes an emptyDir: any user of the pod may write it
+        return source
+
     def _launch(self, local: ContainerPod) -> None:
-        """Starts the current instance: `podman run --rm`, attached, its output into the instance's log."""
-        container = local.pod["spec"]["containers"][0]
+        """Starts the current instance (of an init container, or of the pod's container once they have all
+        succeeded): `podman run --rm`, attached, its output into the instance's log."""
+        stage = local.stages[local.stage]
+        container = stage.spec
         labels = {
             "io.kubernetes.pod.name": local.name,
             "io.kubernetes.pod.namespace": local.namespace,
             "io.kubernetes.pod.uid": local.uid,
-            "io.kubernetes.container.name": local.container,
+            "io.kubernetes.container.name": local.current,
             RUNNER_LABEL: str(os.getpid()),
         }
         options = containerspec.run_options(
             local.pod,
             container,
             name=local.instance,
-            env=local.env,
-            binds=local.binds,
+            env=stage.env,
+            binds=stage.binds,
             labels=labels,
             network=self.network.run_options(),
+            hosts=local.hosts,
         )
         command = containerruntime.command(
             "run", "--rm", "--cidfile", str(local.cid_file), *options, local.image, *containerspec.args(container)
@@ -324,8 +409,12 @@ class ContainerPods:
         if local.state not in ("creating", "running") or local.process is None:
             return
         code = local.process.poll()
-        if code is not None:
+        if code is not None and local.initializing:
+            self._init_exited(local, code)
+        elif code is not None:
             self._exited(local, code)
+        elif local.initializing:
+            return  # the kubelet reports an init container's progress in initContainerStatuses; the bed does not
         elif local.state == "creating" and _read(local.cid_file):
             # The container's address on the bridge: podman writes the id when it creates the container and sets
             # up its network namespace when it starts it; until then (or if it is gone already), the next pass.
@@ -346,6 +435,22 @@ class ContainerPods:
                         target=self._probe, args=(local, probe, local.probes_stop, local.instance, local.pod_ip),
                         name=f"{kind}-{local.name}", daemon=True,
                     ).start()  # fmt: skip
+
+    def _init_exited(self, local: ContainerPod, code: int) -> None:
+        """An init container's `podman run` returned: on success the next container starts at once; a failure is
+        retried with the pod's restart backoff (restartPolicy Never: the pod fails), as the kubelet does."""
+        self._event(local, "Normal", "Exited", f"{local.instance} (init): exit code {code}")
+        if code == 0:
+            local.stage += 1
+            self._launch(local)
+        elif local.restart_policy == "Never":
+            local.state = "exited"
+            terminated = {"exitCode": code, "reason": "Init:Error", "finishedAt": _now()}
+            self._report(local, {"terminated": terminated}, phase="Failed")
+        else:
+            delay = min(10.0 * 2**local.restarts, 300.0)
+            local.state, local.restart_after = "backoff", time.monotonic() + delay
+            self._event(local, "Warning", "BackOff", f"back-off {delay:g}s restarting failed init container")
 
     def _exited(self, local: ContainerPod, code: int) -> None:
         """The instance's `podman run` returned `code` (the container's exit code; 125-127: podman could not run
@@ -385,7 +490,12 @@ class ContainerPods:
             return
         due = time.monotonic()
         while not stop.is_set():
-            ok, detail = probes.check(probe, pod_ip)
+            if probe.command:
+                ok, detail = probes.check_exec(
+                    probe, lambda command, timeout: _exec(instance, command, timeout + PODMAN_EXEC_SLACK_S)
+                )
+            else:
+                ok, detail = probes.check(probe, pod_ip)
             if stop.is_set():
                 return
             verdict = tally.record(ok)
@@ -408,8 +518,8 @@ class ContainerPods:
     # -- stopping ------------------------------------------------------------------------------------------
 
     def _kill(self, local: ContainerPod, why: str, *, grace: float, remove: dict[str, Any] | None = None) -> None:
-        """Stops the container in a thread, as the kubelet does (SIGTERM, SIGKILL after `grace` seconds), then
-        deletes the pod object `remove` for good."""
+        """Stops the container in a thread, as the kubelet does (a deleted pod's preStop exec hook first, then
+        SIGTERM, SIGKILL once `grace` seconds have passed in all), then deletes the pod object `remove` for good."""
         with self._lock:
             if local.state in ("killing", "killed"):
                 return
@@ -418,8 +528,16 @@ class ContainerPods:
         self._event(local, "Normal", "Killing", f"Stopping container {local.container}: {why}, grace {grace:g} s")
 
         def finish() -> None:
+            hook = podspec.pre_stop_command(local.pod["spec"]["containers"][0])
+            started = time.monotonic()
+            if remove is not None and hook and local.alive() and not local.initializing:
+                code, output = _exec(local.instance, hook, grace)
+                self.record(f"{local.key} [container]: PreStop: exit {code}: {output.strip()[-300:]}")
             if local.alive():
-                _stop_container(local.instance, grace)
+                left = grace - (time.monotonic() - started)
+                if remove is not None and hook and left <= 0:
+                    left = PRE_STOP_EXTENSION_S  # a hook that used the grace up: the kubelet's one-off extension
+                _stop_container(local.instance, max(0.0, left))
             _reap(local)
             local.state = "killed"
             self.record(f"{local.key} [container]: Killed: {why}")
@@ -510,6 +628,23 @@ def _write_files(directory: Path, files: dict[str, str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         path.chmod(0o644)
+
+
+def _exec(instance: str, command: list[str], timeout: float) -> tuple[int | None, str]:
+    """`podman exec` of `command` in the running container `instance` (a probe, a preStop hook): its exit code and
+    output, None for the code when `timeout` seconds passed first (the command is left to die with the container)."""
+    try:
+        done = subprocess.run(
+            containerruntime.command("exec", instance, *command),
+            env=containerruntime.environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=max(timeout, 0.1),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
 
 
 def _stop_container(instance: str, grace: float) -> None:

@@ -11,8 +11,12 @@ Where it differs from a kubelet, by the bed's design (README, "Development: the 
   new IP (the runner reports it as the pod's), and there is no Service network: no ClusterIP, no cluster DNS;
 - KUBERNETES_SERVICE_HOST/PORT: the bed's relay to the API server on the bridge's gateway (podnet.ApiRelay), which
   stands for the `kubernetes` Service's ClusterIP that kube-proxy would translate;
-- volumes: emptyDir (a directory of the pod's, mode 0777) and projected (serviceAccountToken, configMap,
-  downwardAPI); any other kind, a subPath, or a startup probe fails the pod's start (probes.Unsupported).
+- service names: no cluster DNS; the names a pod must resolve (a RayCluster's head Service) come from the caller
+  as `--add-host` entries (the head container's IP), fixed when the container starts;
+- volumes: emptyDir (a directory of the pod's, mode 0777; medium Memory: a tmpfs, and at /dev/shm podman's
+  --shm-size), persistentVolumeClaim (the claim's PV directory on this machine, from the caller; a subPath inside
+  it) and projected (serviceAccountToken, configMap, downwardAPI); any other kind, a subPath of another kind, or a
+  startup probe fails the pod's start (probes.Unsupported).
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ class Mount:
     """A volume the container mounts: which volume, of what kind, where, and whether read-only."""
 
     volume: str
-    kind: str  # emptyDir | projected
+    kind: str  # emptyDir | memory (emptyDir, medium Memory) | persistentVolumeClaim | projected
     target: str
     read_only: bool
+    claim: str = ""  # persistentVolumeClaim: the claim's name
+    sub_path: str = ""  # persistentVolumeClaim: a directory inside the volume
+    size_limit: str = ""  # memory: the emptyDir's sizeLimit, if set
 
 
 def mounts(pod: dict[str, Any], container: dict[str, Any]) -> list[Mount]:
@@ -58,13 +65,27 @@ def mounts(pod: dict[str, Any], container: dict[str, Any]) -> list[Mount]:
         volume = volumes.get(mount["name"])
         if volume is None:
             raise Unsupported(f"{container['name']}: volumeMount {mount['name']!r} names no volume")
-        kind = next((k for k in ("emptyDir", "projected") if k in volume), None)
+        kind = next((k for k in ("emptyDir", "persistentVolumeClaim", "projected") if k in volume), None)
         if kind is None:
-            raise Unsupported(f"volume {mount['name']!r}: only emptyDir and projected volumes are made ({volume})")
-        if mount.get("subPath") or mount.get("subPathExpr"):
+            raise Unsupported(
+                f"volume {mount['name']!r}: only emptyDir, persistentVolumeClaim and projected volumes are made "
+                f"({volume})"
+            )
+        sub_path = mount.get("subPath") or ""
+        if mount.get("subPathExpr") or (sub_path and kind != "persistentVolumeClaim"):
             raise Unsupported(f"{container['name']}: volumeMount {mount['name']!r} has a subPath")
-        # A projected volume is always read-only (the kubelet mounts it so whatever the mount says).
-        found.append(Mount(mount["name"], kind, mount["mountPath"], kind == "projected" or bool(mount.get("readOnly"))))
+        if sub_path and (sub_path.startswith("/") or ".." in sub_path.split("/")):
+            raise Unsupported(f"{container['name']}: volumeMount {mount['name']!r}: subPath {sub_path!r} leaves it")
+        read_only = kind == "projected" or bool(mount.get("readOnly"))  # projected: read-only whatever it says
+        if kind == "persistentVolumeClaim":
+            claim = volume["persistentVolumeClaim"]
+            read_only = read_only or bool(claim.get("readOnly"))
+            found.append(Mount(mount["name"], kind, mount["mountPath"], read_only, claim["claimName"], sub_path))
+        elif kind == "emptyDir" and (volume["emptyDir"] or {}).get("medium") == "Memory":
+            size = str((volume["emptyDir"] or {}).get("sizeLimit") or "")
+            found.append(Mount(mount["name"], "memory", mount["mountPath"], read_only, size_limit=size))
+        else:
+            found.append(Mount(mount["name"], kind, mount["mountPath"], read_only))
     return found
 
 
@@ -155,16 +176,20 @@ def run_options(
     binds: list[tuple[Path, Mount]],
     labels: dict[str, str],
     network: list[str],
+    hosts: dict[str, str] | None = None,
 ) -> list[str]:
     """The options of `podman run` (before the image) for the container: `network` (podnet.PodNetwork.run_options:
-    a network namespace of its own), the pod's name as its hostname, no pull, the security contexts, the limits,
-    the volumes (`binds`: the host directory of each mount), the environment and the command. The args go after
-    the image (`args`)."""
+    a network namespace of its own), `hosts` (name -> IP, what the pod resolves without cluster DNS), the pod's
+    name as its hostname, no pull, the security contexts, the limits, the volumes (`binds`: the host directory of
+    each mount; a memory emptyDir's is not used), the environment and the command. The args go after the image
+    (`args`)."""
     spec = pod["spec"]
     context = container.get("securityContext") or {}
     pod_context = spec.get("securityContext") or {}
     hostname = spec.get("hostname") or pod["metadata"]["name"]
     options = ["--name", name, *network, "--uts", "private", "--hostname", hostname, "--pull", "never"]
+    for host, address in sorted((hosts or {}).items()):
+        options += ["--add-host", f"{host}:{address}"]
     for key, value in sorted(labels.items()):
         options += ["--label", f"{key}={value}"]
     uid_gid = user(pod, container)
@@ -194,7 +219,10 @@ def run_options(
     if "memory" in limits:
         options += ["--memory", str(memory_bytes(str(limits["memory"])))]
     for source, mount in binds:
-        options += ["--volume", f"{source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
+        if mount.kind == "memory":
+            options += memory_volume(mount, limits.get("memory"))
+        else:
+            options += ["--volume", f"{source}:{mount.target}:{'ro' if mount.read_only else 'rw'}"]
     for key, value in env.items():
         options += ["--env", f"{key}={value}"]
     if container.get("workingDir"):
@@ -202,6 +230,21 @@ def run_options(
     if container.get("command"):
         options += ["--entrypoint", json.dumps(container["command"])]
     return options
+
+
+DEFAULT_MEMORY_VOLUME = "1Gi"
+"""A memory emptyDir's size when neither its sizeLimit nor the container's memory limit sets one (a kubelet would
+let it grow to the node's memory; the bed keeps a bound)."""
+
+
+def memory_volume(mount: Mount, memory_limit: object = None) -> list[str]:
+    """`podman run` options for a memory-backed emptyDir: its size is the sizeLimit, else the container's memory
+    limit (as the kubelet sizes it), else DEFAULT_MEMORY_VOLUME; at /dev/shm, podman's own shm mount resized
+    (Ray's object store lives there), elsewhere a tmpfs that any user of the pod may write."""
+    size = memory_bytes(mount.size_limit or str(memory_limit or DEFAULT_MEMORY_VOLUME))
+    if mount.target == "/dev/shm":
+        return ["--shm-size", str(size)]
+    return ["--mount", f"type=tmpfs,destination={mount.target},tmpfs-size={size},tmpfs-mode=1777"]
 
 
 def args(container: dict[str, Any]) -> list[str]:

@@ -128,6 +128,7 @@ class FullLoopBed:
     that KubeRay's pods, which we do not build, land there). `stop()` undoes all of it."""
 
     plane: controlplane.ControlPlane
+    ray_in_containers: bool = False  # Ray pods as podman containers from their image (podrunner.PodRunner)
     forward_proxy: proxy.ForwardProxy = field(init=False)
     runner: podrunner.PodRunner = field(init=False)
     kuberay_operator: kuberay.KubeRayOperator = field(init=False)
@@ -142,7 +143,9 @@ class FullLoopBed:
     def start(self) -> FullLoopBed:
         try:
             self.forward_proxy = proxy.ForwardProxy().start()
-            self.runner = podrunner.PodRunner.for_plane(self.plane, self.forward_proxy)
+            self.runner = podrunner.PodRunner.for_plane(
+                self.plane, self.forward_proxy, ray_in_containers=self.ray_in_containers
+            )
             self.runner.grace_cap = GRACE_CAP_SECONDS
             self.runner.start()
             self._start_node()
@@ -244,8 +247,8 @@ class FullLoopBed:
 
     @staticmethod
     @contextlib.contextmanager
-    def running(plane: controlplane.ControlPlane) -> Iterator[FullLoopBed]:
-        bed = FullLoopBed(plane)
+    def running(plane: controlplane.ControlPlane, *, ray_in_containers: bool = False) -> Iterator[FullLoopBed]:
+        bed = FullLoopBed(plane, ray_in_containers=ray_in_containers)
         try:
             yield bed.start()
         finally:

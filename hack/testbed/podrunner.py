@@ -1,6 +1,6 @@
-"""The pod runner: a TEST COMPONENT that plays the kubelet: for Ray pods as local processes (no Docker engine here;
-Ray pods as containers are not played yet), and for the pods bound to its container nodes (the chart's operator)
-as podman containers (containerpods.py).
+"""The pod runner: a TEST COMPONENT that plays the kubelet: for Ray pods as local processes (the default: fast, and
+what the chaos tests kill and freeze), or with `ray_in_containers` as podman containers from the pod's image; and
+for the pods bound to its container nodes (the chart's operator) as podman containers (containerpods.py).
 
 Who uses it: `fullloop.FullLoopBed` (the full-loop tests and `hack/testbed/fullloop.py up`), `chaos` and the
 pod-runner tests (tests/integration/test_podrunner.py).
@@ -34,8 +34,12 @@ kwok still plays the pods' phase (Running, a fake pod IP, deletion); this runner
           │                 `chaos.fail_node` also kills them)
           ├── provisioner ─> a hostPath PV pre-bound by claimRef for every pending PVC (provisioner.py)
           └── containers ──> every pod bound to a container node (`serve_containers`: the bed's node for the
-                            chart's operator) runs as a real podman container instead: security context,
-                            projected ServiceAccount token and CA, probes, restarts (containerpods.py)
+                            chart's operator), and with `ray_in_containers` every Ray pod, runs as a real podman
+                            container instead: security context, volumes (the PVC from its PV's directory),
+                            projected ServiceAccount token and CA, init containers, probes (httpGet and exec),
+                            the preStop hook, restarts (containerpods.py); a head container's Services become
+                            --add-host entries of the pods that start after it (a worker waits for its head) and
+                            proxy routes to its address on the bridge
 
 Every process of a pod carries localpod.POD_MARKER=<pod uid> in its environment, so a kill finds the Ray workers
 too. Standard library only, plus this directory's modules and `trainingrun_runtime.timestamps`.
@@ -102,6 +106,10 @@ class PodRunner:
     grace_cap: float = 10.0  # the most a pod's termination may take here; a test of the notice raises it
     object_store_bytes: int = 256 * 1024 * 1024
     venv_bin: Path = VENV_BIN
+    # Ray pods as podman containers from their own image (containerpods.py) instead of local processes: KubeRay's
+    # command as it is, the pod's volumes, KubeRay's exec probes, the head's Services as --add-host entries, and
+    # proxy routes to the head container's address.
+    ray_in_containers: bool = False
     keep_workdir: bool = field(default_factory=lambda: os.environ.get("TESTBED_KEEP") == "1")
 
     workdir: Path = field(init=False)
@@ -143,6 +151,9 @@ class PodRunner:
         self._volumes = provisioner.HostPathProvisioner(self._api, self.workdir / "volumes")
         self._stopping.clear()
         atexit.register(self.stop)
+        if self.ray_in_containers:
+            keeper = self._containers_keeper(self.grace_cap)
+            self.forward_proxy.pod_address = keeper.network.start().bridge.holds  # type: ignore[union-attr]
         self._thread = threading.Thread(target=self._loop, name="podrunner", daemon=True)
         self._thread.start()
         log.info("pod runner started (workdir %s)", self.workdir)
@@ -223,12 +234,23 @@ class PodRunner:
     def serve_containers(self, node: str, *, grace_cap: float = 10.0) -> containerpods.ContainerPods:
         """From the next pass on, every pod bound to `node` (other than a Ray pod) runs as a podman container
         (containerpods.py), each stopped within at most `grace_cap` seconds. Returns the containers' keeper."""
+        keeper = self._containers_keeper(grace_cap)
+        with self._lock:
+            self.container_nodes.add(node)
+        return keeper
+
+    def _containers_keeper(self, grace_cap: float) -> containerpods.ContainerPods:
         with self._lock:
             if self.containers is None:
                 self.containers = containerpods.ContainerPods(
-                    self._api, self.workdir, record=self._record, remove=self._remove, grace_cap=grace_cap
+                    self._api,
+                    self.workdir,
+                    record=self._record,
+                    remove=self._remove,
+                    grace_cap=grace_cap,
+                    claim_directory=self.claim_directory,
+                    hosts=self._pod_hosts,
                 )
-            self.container_nodes.add(node)
             return self.containers
 
     def claim_directory(self, namespace: str, claim: str) -> Path:
@@ -277,6 +299,8 @@ class PodRunner:
                 local = self.pods.get(uid)
             node = nodes.get(pod["spec"].get("nodeName") or "")
             deleted = bool(pod["metadata"].get("deletionTimestamp"))
+            if self.ray_in_containers and podspec.plays(pod):
+                continue  # the containers' keeper plays it (_sync_containers)
             if deleted and (local is None or local.state in ("exited", "killed", "detached")):
                 if self._kubelet_up(node):
                     self._remove(pod)  # nothing of it runs (any more): the kubelet's final delete
@@ -299,16 +323,18 @@ class PodRunner:
         for local in gone:
             if local.state != "killing":
                 self._kill(local, "pod gone", grace=local.grace_seconds, final_state="killed")
-        self._sync_containers(nodes)
+        self._sync_containers(nodes, pods)
         self._sync_routes()
+        self._sync_container_routes()
 
-    def _sync_containers(self, nodes: dict[str, dict[str, Any]]) -> None:
-        """The pods bound to the container nodes (Ray pods there stay processes), to the containers' keeper."""
+    def _sync_containers(self, nodes: dict[str, dict[str, Any]], ray_pods: list[dict[str, Any]]) -> None:
+        """The pods bound to the container nodes (Ray pods there stay processes unless `ray_in_containers`), and
+        with `ray_in_containers` every Ray pod, to the containers' keeper."""
         with self._lock:
             containers, served = self.containers, sorted(self.container_nodes)
         if containers is None:
             return
-        bound = []
+        bound = [p for p in ray_pods if podspec.plays(p)] if self.ray_in_containers else []
         for node in served:
             selector = urllib.parse.quote(f"spec.nodeName={node}")
             bound += [p for p in self._api.items(f"/api/v1/pods?fieldSelector={selector}") if not podspec.plays(p)]
@@ -633,6 +659,77 @@ class PodRunner:
             self._drop_routes(head)
             head.routes = wanted.get(head.uid, {})
 
+    def _sync_container_routes(self) -> None:
+        """With `ray_in_containers`: each ready head container's Services routed to its address (the proxy's
+        targets on the bridge); routes to a head container that is gone are dropped."""
+        if not self.ray_in_containers or self.containers is None:
+            return
+        wanted: dict[str, tuple[str, int]] = {}
+        for namespace, service, pod_ip, ports in self._head_services():
+            for port in service["spec"].get("ports") or []:
+                target = port.get("targetPort", port["port"])
+                number = ports.get(target) if isinstance(target, str) else target
+                if number is not None:
+                    name = f"{service['metadata']['name']}.{namespace}.svc.{CLUSTER_DOMAIN}:{port['port']}"
+                    wanted[name] = (pod_ip, int(number))
+        current = {a: t for a, t in self.forward_proxy.targets().items() if t[0] != "127.0.0.1"}
+        for authority, (host, port) in wanted.items():
+            if current.get(authority) != (host, port):
+                self.forward_proxy.set_route(authority, port, target_host=host)
+                self._record(f"routed {authority} -> {host}:{port}")
+        for authority in current.keys() - wanted.keys():
+            self.forward_proxy.remove_route(authority)
+
+    def _head_services(self) -> list[tuple[str, dict[str, Any], str, dict[str, int]]]:
+        """(namespace, Service, head container IP, the head container's named ports) for each Service that selects
+        a head that runs as a container and is ready."""
+        assert self.containers is not None
+        heads = [
+            p for p in self.containers.running() if p.ready and p.pod_ip and podspec.plays(p.pod) and _is_head(p.pod)
+        ]
+        found = []
+        for namespace in sorted({h.namespace for h in heads}):
+            services = self._api.items(f"/api/v1/namespaces/{namespace}/services")
+            for head in (h for h in heads if h.namespace == namespace):
+                labels = head.pod["metadata"].get("labels") or {}
+                ports = {
+                    p.get("name"): p["containerPort"] for p in head.pod["spec"]["containers"][0].get("ports") or []
+                }
+                for service in services:
+                    chosen = service["spec"].get("selector") or {}
+                    if chosen and all(labels.get(k) == v for k, v in chosen.items()):
+                        found.append((namespace, service, head.pod_ip, ports))
+        return found
+
+    def _pod_hosts(self, pod: dict[str, Any]) -> dict[str, str] | None:
+        """What a container pod resolves without cluster DNS: the Services of its namespace that select a running
+        head container, by the names a pod may use (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`), to
+        the head's address. A Ray worker waits (None) until its RayCluster's head runs."""
+        hosts: dict[str, str] = {}
+        namespace = pod["metadata"]["namespace"]
+        for found_namespace, service, pod_ip, _ports in self._head_services():
+            if found_namespace == namespace:
+                name = service["metadata"]["name"]
+                for alias in (
+                    name,
+                    f"{name}.{namespace}",
+                    f"{name}.{namespace}.svc",
+                    f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}",
+                ):
+                    hosts[alias] = pod_ip
+        labels = pod["metadata"].get("labels") or {}
+        if podspec.plays(pod) and not _is_head(pod):
+            cluster = labels.get(podspec.CLUSTER_LABEL, "")
+            assert self.containers is not None
+            if not any(
+                h.ready and h.pod_ip and _is_head(h.pod)
+                and (h.pod["metadata"].get("labels") or {}).get(podspec.CLUSTER_LABEL) == cluster
+                and h.namespace == namespace
+                for h in self.containers.running()
+            ):  # fmt: skip
+                return None
+        return hosts
+
     def _wanted_routes(self, namespace: str, heads: list[localpod.LocalPod]) -> dict[str, dict[str, int]]:
         """head uid -> {`<svc>.<ns>.svc.cluster.local:<port>`: local port} for the Services of `namespace`."""
         services = self._api.items(f"/api/v1/namespaces/{namespace}/services")
@@ -676,6 +773,10 @@ class PodRunner:
         stamped = f"{_now()} {line}"
         self.events.append(stamped)
         log.info("%s", stamped)
+
+
+def _is_head(pod: dict[str, Any]) -> bool:
+    return (pod["metadata"].get("labels") or {}).get(podspec.NODE_TYPE_LABEL) == "head"
 
 
 def _now() -> str:

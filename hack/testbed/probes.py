@@ -1,12 +1,14 @@
 """A container's probes as the kubelet runs them: the probe read from the container spec (`read`), one HTTP check
-(`check`), and the counting of results into a verdict (`Tally`).
+(`check`) or exec check (`check_exec`), and the counting of results into a verdict (`Tally`).
 
 Who uses it: `containerpods.ContainerPods` (a thread per probe of each container it runs) and its unit tests.
 Standard library only; `read` and `Tally` are pure.
 
-    read(container, "livenessProbe") -> Probe | None       httpGet only (a named port resolved); Unsupported else
+    read(container, "livenessProbe") -> Probe | None       httpGet (a named port resolved) or exec; Unsupported else
     check(probe, host) -> (ok, detail)                      GET http://host:port/path within timeoutSeconds:
                                                             2xx/3xx passes; a refused connection or a timeout fails
+    check_exec(probe, run) -> (ok, detail)                  the command run in the container (`run`: podman exec)
+                                                            within timeoutSeconds: exit code 0 passes
     Tally(probe).record(ok) -> True | False | None          the verdict when it changes: failureThreshold failures
                                                             in a row fail it, successThreshold successes pass it
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import http.client
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,17 +30,18 @@ USER_AGENT = "kube-probe/1.35"
 
 
 class Unsupported(ValueError):
-    """The pod asks for something the bed's container runtime does not do (a probe other than httpGet, a volume
+    """The pod asks for something the bed's container runtime does not do (a tcpSocket or grpc probe, a volume
     it cannot make); the message names the field. The pod does not start."""
 
 
 @dataclass(frozen=True)
 class Probe:
-    """One httpGet probe of a container, with the kubelet's defaults for what the spec leaves out."""
+    """One httpGet or exec probe of a container, with the kubelet's defaults for what the spec leaves out."""
 
     kind: str  # livenessProbe | readinessProbe
-    path: str
-    port: int
+    path: str = ""  # httpGet
+    port: int = 0  # httpGet
+    command: tuple[str, ...] = ()  # exec: what runs in the container (no shell unless it names one)
     scheme: str = "HTTP"
     initial_delay: float = 0.0
     period: float = 10.0
@@ -55,8 +59,22 @@ def read(container: dict[str, Any], kind: str) -> Probe | None:
     spec = container.get(kind)
     if not spec:
         return None
+    grace = spec.get("terminationGracePeriodSeconds")
+    timing = {
+        "initial_delay": float(spec.get("initialDelaySeconds", 0)),
+        "period": float(spec.get("periodSeconds", 10)),
+        "timeout": float(spec.get("timeoutSeconds", 1)),
+        "failure_threshold": int(spec.get("failureThreshold", 3)),
+        "success_threshold": int(spec.get("successThreshold", 1)),
+        "termination_grace": None if grace is None else float(grace),
+    }
+    if "exec" in spec:
+        command = (spec["exec"] or {}).get("command") or []
+        if not command:
+            raise Unsupported(f"{container['name']}.{kind}.exec.command is empty")
+        return Probe(kind=kind, command=tuple(str(c) for c in command), **timing)
     if "httpGet" not in spec:
-        raise Unsupported(f"{container['name']}.{kind}: only httpGet probes are played ({sorted(spec)})")
+        raise Unsupported(f"{container['name']}.{kind}: only httpGet and exec probes are played ({sorted(spec)})")
     get = spec["httpGet"]
     port = get["port"]
     if isinstance(port, str) and not port.isdigit():
@@ -64,19 +82,7 @@ def read(container: dict[str, Any], kind: str) -> Probe | None:
         if port not in named:
             raise Unsupported(f"{container['name']}.{kind}: no container port named {port!r}")
         port = named[port]
-    grace = spec.get("terminationGracePeriodSeconds")
-    return Probe(
-        kind=kind,
-        path=get.get("path") or "/",
-        port=int(port),
-        scheme=get.get("scheme") or "HTTP",
-        initial_delay=float(spec.get("initialDelaySeconds", 0)),
-        period=float(spec.get("periodSeconds", 10)),
-        timeout=float(spec.get("timeoutSeconds", 1)),
-        failure_threshold=int(spec.get("failureThreshold", 3)),
-        success_threshold=int(spec.get("successThreshold", 1)),
-        termination_grace=None if grace is None else float(grace),
-    )
+    return Probe(kind=kind, path=get.get("path") or "/", port=int(port), scheme=get.get("scheme") or "HTTP", **timing)
 
 
 def check(probe: Probe, host: str) -> tuple[bool, str]:
@@ -94,6 +100,19 @@ def check(probe: Probe, host: str) -> tuple[bool, str]:
             return False, f'Get "{probe.url(host)}": context deadline exceeded (Client.Timeout exceeded)'
         return False, f'Get "{probe.url(host)}": {reason}'
     return (200 <= status < 400), f"HTTP probe returned statuscode: {status}"
+
+
+# (command, timeout in seconds) -> (exit code, output); None for the exit code when the timeout struck
+Exec = Callable[[list[str], float], tuple[int | None, str]]
+
+
+def check_exec(probe: Probe, run: Exec) -> tuple[bool, str]:
+    """One check, as the kubelet's exec prober: the probe's command run in the container (`run`) within the
+    probe's timeout; exit code 0 passes. Returns whether it passed and what the kubelet would say about it."""
+    code, output = run(list(probe.command), probe.timeout)
+    if code is None:
+        return False, f"command timed out: {list(probe.command)!r} timed out after {probe.timeout:g}s"
+    return code == 0, output.strip()[-500:] or f"command exited with {code}"
 
 
 @dataclass

@@ -1,6 +1,9 @@
 """The test bed's volume provisioner: a hostPath PersistentVolume, pre-bound by `claimRef`, for every pending PVC
 (a pod that mounts an unbound PVC is never scheduled), and where a bound claim's data lives on this machine.
 
+Each volume's directory is mode 0777, as Rancher's local-path-provisioner makes its hostPath directories: any user
+of a pod may write it (the runtime image runs as UID 1000; a Ray pod as a local process runs as this user).
+
 Who uses it: `podrunner.PodRunner`, once per pass (`provision`) and when it mounts a pod's claims
 (`claim_directory`); tests read a claim's files through `PodRunner.claim_directory`.
 """
@@ -68,6 +71,7 @@ class HostPathProvisioner:
                 continue
             directory = self.root / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:6]}"
             directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)
             volume = hostpath_volume(name, pvc, directory)
             status, answer = self.api.request("POST", "/api/v1/persistentvolumes", volume)
             if status in (201, 409):

@@ -2,16 +2,17 @@
 
 Who calls it: `podrunner.PodRunner` (which owns one and updates its route table as Ray heads come and go) and the
 tests. It is a TEST COMPONENT: in a cluster, `<head-svc>.<ns>.svc.cluster.local:8265` resolves to the head pod;
-here every "pod" is a local process, so the KubeRay operator gets `HTTP_PROXY=http://127.0.0.1:<port>` and this
-proxy maps that name to the local Ray dashboard. (The API server's own service proxy cannot: it refuses loopback
-targets.)
+here a Ray pod is a local process (or a container on the bed's bridge), so the KubeRay operator gets
+`HTTP_PROXY=http://127.0.0.1:<port>` and this proxy maps that name to the local Ray dashboard (or the head
+container's address). (The API server's own service proxy cannot: it refuses loopback targets.)
 
     KubeRay ──GET http://raycluster-head-svc.ns.svc.cluster.local:8265/api/jobs/x──> proxy ──> 127.0.0.1:<dash>
                                       (absolute URI; CONNECT host:port for tunnels)     route table lookup
 
 What it does and does not do:
-- Listens on 127.0.0.1 only. Routes are `host:port -> 127.0.0.1:<port>` (loopback targets only); an unknown
-  host answers 502 and names the host; a refused upstream answers 502 too.
+- Listens on 127.0.0.1 only. Routes are `host:port -> 127.0.0.1:<port>`, or to a container pod's address on the
+  bed's bridge (`pod_address` says which are; no other target); an unknown host answers 502 and names the host; a
+  refused upstream answers 502 too.
 - One request per client connection: the request goes upstream with `Connection: close`, the response streams
   back until the upstream closes, then both sockets close. Go's and Python's clients handle that transparently.
   The body is relayed as bytes, never parsed, so Content-Length, chunked and `Expect: 100-continue` all work.
@@ -29,6 +30,7 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,12 @@ class ForwardProxy:
     connect_timeout: float = 5.0
     idle_timeout: float = 120.0
 
+    # Whether an address other than loopback may be a route's target: a pod's address on the bed's container
+    # bridge (podnet.Bridge.holds), set by the pod runner when it runs Ray pods as containers. Nothing else is.
+    pod_address: Callable[[str], bool] = field(default=lambda _address: False)
+
     stats: ProxyStats = field(init=False, default_factory=ProxyStats)
-    _routes: dict[tuple[str, int], int] = field(init=False, default_factory=dict)
+    _routes: dict[tuple[str, int], tuple[str, int]] = field(init=False, default_factory=dict)
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     _listener: socket.socket | None = field(init=False, default=None)
     _acceptor: threading.Thread | None = field(init=False, default=None)
@@ -134,13 +140,15 @@ class ForwardProxy:
     # -- routes -------------------------------------------------------------------------------------------
 
     def set_route(self, authority: str, target_port: int, target_host: str = "127.0.0.1") -> None:
-        """Routes `host:port` (port defaults to 80) to `target_host:target_port`, which must be loopback."""
-        if target_host not in _LOOPBACK:
-            raise ValueError(f"route targets must be loopback, not {target_host!r}")
+        """Routes `host:port` (port defaults to 80) to `target_host:target_port`, which must be loopback or a pod's
+        address on the bed's container bridge (`pod_address`)."""
+        if target_host not in _LOOPBACK and not self.pod_address(target_host):
+            raise ValueError(f"route targets must be loopback or a container pod's address, not {target_host!r}")
         key = split_host_port(authority, 80)
+        host = "127.0.0.1" if target_host in _LOOPBACK else target_host
         with self._lock:
-            self._routes[key] = target_port
-        log.info("proxy route %s:%d -> 127.0.0.1:%d", *key, target_port)
+            self._routes[key] = (host, target_port)
+        log.info("proxy route %s:%d -> %s:%d", *key, host, target_port)
 
     def remove_route(self, authority: str) -> None:
         key = split_host_port(authority, 80)
@@ -149,10 +157,21 @@ class ForwardProxy:
         log.info("proxy route %s:%d removed", *key)
 
     def routes(self) -> dict[str, int]:
+        """authority -> target port (see `targets` for the host as well)."""
+        with self._lock:
+            return {f"{host}:{port}": target[1] for (host, port), target in self._routes.items()}
+
+    def targets(self) -> dict[str, tuple[str, int]]:
+        """authority -> (target host, target port)."""
         with self._lock:
             return {f"{host}:{port}": target for (host, port), target in self._routes.items()}
 
     def lookup(self, host: str, port: int) -> int | None:
+        """The target port of a route to loopback, None when there is none (or it leads to a container pod)."""
+        target = self.target(host, port)
+        return target[1] if target is not None and target[0] == "127.0.0.1" else None
+
+    def target(self, host: str, port: int) -> tuple[str, int] | None:
         with self._lock:
             return self._routes.get((host.lower().rstrip("."), port))
 
@@ -243,18 +262,18 @@ class ForwardProxy:
                 host, port = split_host_port(authority, 80)
             else:
                 raise BadRequest(f"not a proxy request (need an absolute http:// URI or CONNECT): {head.target!r}")
-            target = self.lookup(host, port)
+            target = self.target(host, port)
             if target is None:
                 with self._lock:
                     self.stats.unrouted += 1
                 _send_error(client, 502, f"no route for {host}:{port} in the test-bed proxy")
                 return
             try:
-                upstream = socket.create_connection(("127.0.0.1", target), timeout=self.connect_timeout)
+                upstream = socket.create_connection(target, timeout=self.connect_timeout)
             except OSError as err:
                 with self._lock:
                     self.stats.upstream_errors += 1
-                _send_error(client, 502, f"{host}:{port} -> 127.0.0.1:{target}: {err}")
+                _send_error(client, 502, f"{host}:{port} -> {target[0]}:{target[1]}: {err}")
                 return
             with self._lock:
                 self._open.add(upstream)

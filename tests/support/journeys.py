@@ -32,17 +32,21 @@ def printer_columns(loop: Loop, namespace: str, name: str) -> dict[str, str]:
 
 def logged_progress(loop: Loop, namespace: str, pod: str) -> int | None:
     """The last `step N: reward ...` line the driver of `pod` logged (the controller logs every logEvery steps)."""
-    local = loop.bed.runner.find(namespace, pod)
+    keeper = loop.bed.runner.containers
+    local = loop.bed.runner.find(namespace, pod) or (keeper.find(namespace, pod) if keeper else None)
     text = "".join(local.job_driver_logs().values()) if local else ""
     steps = [int(m.group(1)) for m in STEP_LOG.finditer(text)]
     return max(steps) if steps else None
 
 
-def evicted_head_is_survived(loop: Loop, namespace: str) -> dict[str, Any]:
-    """The journey with its assertions: the tiny example (run `tiny`), its head evicted 3 steps past the first
-    recorded checkpoint, attempt 2 resuming from the recorded step, Succeeded. Prints and returns its figures."""
+def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = None) -> dict[str, Any]:
+    """The journey with its assertions: the tiny example (run `tiny`, its Ray pods from `image` if given), its head
+    evicted 3 steps past the first recorded checkpoint, attempt 2 resuming from the recorded step, Succeeded.
+    Prints and returns its figures."""
     started = time.monotonic()
     run = loop.tiny_run("tiny")
+    if image is not None:
+        run["spec"]["image"] = image
     steps, save_period = run["spec"]["trainer"]["steps"], run["spec"]["checkpoint"]["savePeriod"]
     loop.plane.apply(loop.checkpoints_pvc("tiny-checkpoints"), run, namespace=namespace)
 

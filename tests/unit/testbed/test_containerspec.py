@@ -151,7 +151,7 @@ def test_a_volume_the_runner_cannot_make_or_a_subpath_refuses_the_pod() -> None:
     pod = operator_pod()
     pod["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}})
     container = pod["spec"]["containers"][0]
-    with pytest.raises(probes.Unsupported, match="only emptyDir and projected"):
+    with pytest.raises(probes.Unsupported, match="only emptyDir, persistentVolumeClaim and projected"):
         containerspec.mounts(pod, {**container, "volumeMounts": [{"name": "root", "mountPath": "/host"}]})
     with pytest.raises(probes.Unsupported, match="subPath"):
         containerspec.mounts(pod, {**container, "volumeMounts": [{"name": "tmp", "mountPath": "/t", "subPath": "x"}]})
@@ -172,3 +172,72 @@ def test_cpu_limits_become_podman_cpus(quantity: str, cpus: str) -> None:
 @pytest.mark.parametrize(("quantity", "size"), [("512Mi", 512 * 2**20), ("1G", 10**9), ("1024", 1024)])
 def test_memory_limits_become_bytes(quantity: str, size: int) -> None:
     assert containerspec.memory_bytes(quantity) == size
+
+
+def ray_head_pod() -> dict[str, Any]:
+    """A Ray head pod as KubeRay makes it from the operator's RayJob (trimmed): the checkpoint PVC, a memory-backed
+    /dev/shm, KubeRay's generated command, its exec probe."""
+    return {
+        "metadata": {"name": "tiny-a1-head-x7", "namespace": "runs", "uid": "fedcba9876543210", "labels": {}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "ray-head",
+                    "image": "localhost/trainingrun-runtime:dev",
+                    "command": ["/bin/bash", "-c", "--"],
+                    "args": ["ulimit -n 65536; ray start --head --block --dashboard-host=0.0.0.0 --num-cpus=8"],
+                    "resources": {"limits": {"cpu": "2", "memory": "4Gi"}},
+                    "readinessProbe": {"exec": {"command": ["bash", "-c", "wget -q -O- localhost:8265 | grep ok"]}},
+                    "volumeMounts": [
+                        {"name": "checkpoints", "mountPath": "/checkpoints"},
+                        {"name": "shared-mem", "mountPath": "/dev/shm"},
+                        {"name": "scratch", "mountPath": "/scratch"},
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "tiny-checkpoints"}},
+                {"name": "shared-mem", "emptyDir": {"medium": "Memory"}},
+                {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+            ],
+        },
+    }
+
+
+def test_a_ray_pods_claim_is_bound_from_its_volume_and_its_memory_volumes_are_sized_as_the_kubelet_sizes_them() -> None:
+    pod = ray_head_pod()
+    container = pod["spec"]["containers"][0]
+    mounts = containerspec.mounts(pod, container)
+    claim, shm, scratch = mounts
+    assert (claim.kind, claim.claim, claim.read_only) == ("persistentVolumeClaim", "tiny-checkpoints", False)
+    assert (shm.kind, scratch.kind, scratch.size_limit) == ("memory", "memory", "64Mi")
+    binds = [(Path("/pv/tiny"), claim), (Path("/unused"), shm), (Path("/unused"), scratch)]
+    options = containerspec.run_options(
+        pod, container, name="c", env={}, binds=binds, labels={}, network=[],
+        hosts={"tiny-a1-head-svc.runs.svc.cluster.local": "10.88.0.7"},
+    )  # fmt: skip
+    joined = " ".join(options)
+    assert "--volume /pv/tiny:/checkpoints:rw" in joined
+    assert f"--shm-size {4 * 2**30}" in joined  # no sizeLimit: the container's memory limit
+    assert f"type=tmpfs,destination=/scratch,tmpfs-size={64 * 2**20},tmpfs-mode=1777" in joined
+    assert "/unused" not in joined
+    assert "--add-host tiny-a1-head-svc.runs.svc.cluster.local:10.88.0.7" in joined
+    assert options[options.index("--entrypoint") + 1] == json.dumps(["/bin/bash", "-c", "--"])
+    assert containerspec.args(container) == container["args"]  # KubeRay's command as it is
+
+
+def test_a_claims_subpath_stays_inside_the_volume_and_other_kinds_take_none() -> None:
+    pod = ray_head_pod()
+    container = pod["spec"]["containers"][0]
+    inside = {"name": "checkpoints", "mountPath": "/c", "subPath": "runs/tiny", "readOnly": True}
+    (mount,) = containerspec.mounts(pod, {**container, "volumeMounts": [inside]})
+    assert (mount.sub_path, mount.read_only) == ("runs/tiny", True)
+    with pytest.raises(probes.Unsupported, match="leaves it"):
+        containerspec.mounts(pod, {**container, "volumeMounts": [{**inside, "subPath": "../other"}]})
+    with pytest.raises(probes.Unsupported, match="subPath"):
+        containerspec.mounts(pod, {**container, "volumeMounts": [{**inside, "name": "scratch"}]})
+
+
+def test_a_memory_volume_without_any_limit_gets_the_beds_bound() -> None:
+    mount = containerspec.Mount("shm", "memory", "/dev/shm", False)
+    assert containerspec.memory_volume(mount) == ["--shm-size", str(containerspec.memory_bytes("1Gi"))]

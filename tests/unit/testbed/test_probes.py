@@ -50,7 +50,7 @@ def test_the_kubelets_defaults_fill_what_the_spec_leaves_out() -> None:
 @pytest.mark.parametrize(
     "spec",
     [
-        {"exec": {"command": ["true"]}},
+        {"exec": {"command": []}},
         {"tcpSocket": {"port": 80}},
         {"httpGet": {"port": "nope"}},
     ],
@@ -116,3 +116,30 @@ def test_a_check_passes_on_2xx_and_fails_on_an_error_status_a_timeout_or_a_refus
         closed = s.getsockname()[1]
     ok, detail = probes.check(probe("/healthz", closed), "127.0.0.1")
     assert not ok and "refused" in detail, detail
+
+
+def test_an_exec_probe_runs_its_command_in_the_container_and_passes_on_exit_code_0() -> None:
+    spec = {"exec": {"command": ["bash", "-c", "wget -q -O- http://localhost:52365/ | grep success"]}}
+    probe = probes.read({"name": "ray-head", "readinessProbe": {**spec, "timeoutSeconds": 2}}, "readinessProbe")
+    assert probe is not None and probe.command[0] == "bash" and probe.timeout == 2
+    ran: list[tuple[list[str], float]] = []
+
+    def run(command: list[str], timeout: float) -> tuple[int | None, str]:
+        ran.append((command, timeout))
+        return 0, "success\n"
+
+    assert probes.check_exec(probe, run) == (True, "success")
+    assert ran == [(list(probe.command), 2.0)]
+
+
+@pytest.mark.parametrize(
+    ("result", "detail"),
+    [((1, ""), "command exited with 1"), ((None, ""), "timed out after 1s"), ((2, "wget: refused\n"), "refused")],
+)
+def test_an_exec_probe_fails_on_another_exit_code_or_its_timeout_and_says_why(
+    result: tuple[int | None, str], detail: str
+) -> None:
+    probe = probes.read({"name": "c", "livenessProbe": {"exec": {"command": ["false"]}}}, "livenessProbe")
+    assert probe is not None
+    ok, said = probes.check_exec(probe, lambda command, timeout: result)
+    assert not ok and detail in said

@@ -65,8 +65,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve(name: str) -> tuple[http.server.ThreadingHTTPServer, int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+def serve(name: str, host: str = "127.0.0.1") -> tuple[http.server.ThreadingHTTPServer, int]:
+    server = http.server.ThreadingHTTPServer((host, 0), Recorder)
     server.name = name  # type: ignore[attr-defined]
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -229,8 +229,26 @@ def test_an_idle_relay_is_closed_after_the_idle_timeout(upstream: int) -> None:
 
 def test_it_listens_on_loopback_only_and_routes_only_to_loopback(fwd: proxy.ForwardProxy) -> None:
     assert fwd._listener is not None and fwd._listener.getsockname()[0] == "127.0.0.1"
-    with pytest.raises(ValueError, match="loopback"):
+    with pytest.raises(ValueError, match="loopback or a container pod's address"):
         fwd.set_route("x:80", 80, target_host="10.0.0.7")
+
+
+def test_a_route_may_lead_to_an_address_the_runner_calls_a_container_pods_and_to_no_other() -> None:
+    # 127.0.0.2 stands for a head container's address on the bridge (a unit test makes no bridge): another
+    # address than the proxy's own, that only `pod_address` admits.
+    server, port = serve("head", host="127.0.0.2")
+    try:
+        with proxy.ForwardProxy(pod_address=lambda address: address == "127.0.0.2") as p:
+            p.set_route(f"{HEAD_SVC}:8265", port, target_host="127.0.0.2")
+            assert p.targets() == {f"{HEAD_SVC}:8265": ("127.0.0.2", port)}
+            assert p.lookup(HEAD_SVC, 8265) is None  # `lookup` answers for loopback routes only
+            status, body = via(p, f"http://{HEAD_SVC}:8265/api/version")
+            assert status == 200 and json.loads(body)["server"] == "head", body
+            with pytest.raises(ValueError, match="container pod"):
+                p.set_route("x:80", 80, target_host="127.0.0.3")
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_stop_closes_open_connections_and_the_listener(upstream: int) -> None:
