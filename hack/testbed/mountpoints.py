@@ -58,8 +58,11 @@ class Mountpoints:
             return root
 
     def release(self, root: Path) -> None:
-        """One pod fewer uses `root`; the last one removes it (and only the empty directories below it)."""
+        """One pod fewer uses `root`; the last one removes it (and only the empty directories below it). A root that
+        `remove_all` removed already (the runner stopped while a pod's kill was still finishing) is left alone."""
         with self._lock:
+            if root not in self._users:
+                return
             self._users[root] -= 1
             if self._users[root] <= 0:
                 del self._users[root]
