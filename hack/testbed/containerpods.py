@@ -173,6 +173,8 @@ class ContainerPods:
     # name -> IP that `pod` resolves without cluster DNS (its RayCluster's head Service), None while a name it
     # needs has no address yet (its head not running): the pod waits for a later pass.
     hosts: Callable[[dict[str, Any]], dict[str, str] | None] | None = None
+    # Variables added to the environment of `pod`'s own container (the runner's `add_env`: a test's crash points).
+    extra_env: Callable[[dict[str, Any]], dict[str, str]] | None = None
     pods: dict[str, ContainerPod] = field(init=False, default_factory=dict)
     _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
     _not_ready: set[str] = field(init=False, default_factory=set)  # pods whose volume was reported not ready
@@ -326,6 +328,8 @@ class ContainerPods:
                 ray_tmp = containerspec.Mount(RAY_TMP_VOLUME, "emptyDir", "/tmp/ray", read_only=False)
                 binds.append((self._volume(local, ray_tmp), ray_tmp))
             env = containerspec.environment(pod, each, self._lookup, api_host=api_host, api_port=api_port)
+            if each is container and self.extra_env is not None:
+                env.update(self.extra_env(pod))
             stages.append(Stage(each, env, binds))
         local.stages = stages
         local.directory.mkdir(parents=True, exist_ok=True)

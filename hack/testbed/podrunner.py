@@ -250,6 +250,7 @@ class PodRunner:
                     grace_cap=grace_cap,
                     claim_directory=self.claim_directory,
                     hosts=self._pod_hosts,
+                    extra_env=self._added_env,
                 )
             return self.containers
 
@@ -404,12 +405,18 @@ class PodRunner:
         if pod["spec"].get("automountServiceAccountToken", True):
             env["KUBECONFIG"] = str(self._pod_kubeconfig(pod, local))
         env.update(podspec.container_env(pod, container, self._read_key))
+        env.update(self._added_env(pod))
+        return env
+
+    def _added_env(self, pod: dict[str, Any]) -> dict[str, str]:
+        """What `add_env` adds to `pod`'s Ray container."""
         labels = pod["metadata"].get("labels") or {}
+        added: dict[str, str] = {}
         with self._lock:
             for match, extra in self._extra_env:
                 if all(labels.get(k) == v for k, v in match.items()):
-                    env.update(extra)
-        return env
+                    added.update(extra)
+        return added
 
     def _read_key(self, namespace: str, kind: str, name: str, key: str) -> str | None:
         """A key of a Secret (decoded) or ConfigMap, as a kubelet resolves secretKeyRef/configMapKeyRef."""

@@ -1,18 +1,14 @@
-"""Chaos on the full loop (real KubeRay, real driver, our operator as its own process): repeated preemption at random
-moments (one of them during a save) ends with the same weights as an uninterrupted run; a zombie attempt cannot
-record a checkpoint; our operator killed mid-attempt creates no duplicate RayJob and the run finishes.
+"""Chaos on the full loop (real KubeRay, real driver, our operator as its own process): a zombie attempt cannot
+record a checkpoint; our operator killed mid-attempt creates no duplicate RayJob and the run finishes. (Repeated
+preemption at random moments ending with the weights of an uninterrupted run is in test_ray_containers.py, on Ray
+pods as containers: support/journeys.py.)
 
 The runs are the tiny example, shortened (fewer steps, a shorter save period) to keep the suite's time modest.
-Set E2E_CHAOS_SEED to replay the random moments of a failed run (the seed is printed).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,7 +20,6 @@ from support.fullloop_runs import (
     manifests,
     owner_attempt,
     recorded_by,
-    reference_run,
     run_directory,
 )
 from trainingrun_runtime import timestamps
@@ -33,87 +28,6 @@ if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
 
 pytestmark = pytest.mark.e2e
-
-
-def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(
-    loop: Loop, namespace: str, tmp_path: Path
-) -> None:
-    seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 2**31)
-    rng = random.Random(seed)
-    print(f"\nE2E_CHAOS_SEED={seed}")
-    steps, save_period = 40, 5
-    loop.plane.apply(
-        loop.checkpoints_pvc("rp-checkpoints"),
-        loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period}),
-        namespace=namespace,
-    )
-    rayjob = loop.wait(
-        lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"),
-        timeout=60,
-        what="attempt 1's RayJob",
-    )
-    reference = reference_run(loop, rayjob, tmp_path)
-    try:
-        moments: list[str] = []
-        # 1: a random moment after attempt 1 recorded its first checkpoint.
-        loop.wait(lambda: recorded_by(loop, namespace, "rp", 1), timeout=420, what="attempt 1's first checkpoint")
-        head = head_name(loop, namespace, "rp", 1)
-        # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
-        # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
-        loop.bed.runner.add_env(
-            {"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
-            {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}" for n in range(save_period, steps, save_period))},
-        )
-        delay = rng.uniform(0, 3)
-        time.sleep(delay)
-        chaos.evict(loop.plane, namespace, head)
-        moments.append(f"attempt 1: {delay:.1f}s after its first checkpoint was recorded")
-
-        # 2: during a save of attempt 2, without a grace period.
-        directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
-        markers = directory / "crash-markers"
-        head = head_name(loop, namespace, "rp", 2)
-        frozen = loop.wait(
-            lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None),
-            timeout=420,
-            what="attempt 2's driver in the middle of a save",
-        )
-        saving_step = int(frozen.name.rsplit("@", 1)[1])
-        pending = json.loads((directory / f"tmp_step_{saving_step}" / "manifest.json").read_text())
-        assert pending["attempt"] == 2 and pending["step"] == saving_step
-        # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
-        # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace
-        # it (the re-save path moves it to old_step_N first), but it is not attempt 2's.
-        assert manifests(directory).get(saving_step, {}).get("attempt") != 2, manifests(directory)[saving_step]
-        chaos.evict(loop.plane, namespace, head, grace_seconds=0)
-        moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
-
-        # 3: a random moment after attempt 3 recorded its first checkpoint.
-        loop.wait(lambda: recorded_by(loop, namespace, "rp", 3), timeout=420, what="attempt 3's first checkpoint")
-        head = head_name(loop, namespace, "rp", 3)
-        delay = rng.uniform(0, 3)
-        time.sleep(delay)
-        chaos.evict(loop.plane, namespace, head)
-        moments.append(f"attempt 3: {delay:.1f}s after its first checkpoint was recorded")
-
-        final = loop.wait_phase(namespace, "rp", "Succeeded", timeout=600)
-        print("evictions:", "; ".join(moments))
-        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    finally:
-        if reference.poll() is None:
-            chaos.kill_process(reference)
-
-    ended = final["attempts"]
-    assert [a["reason"] for a in ended[:3]] == ["Preempted"] * 3, ended
-    assert final["restarts"]["preempted"] == 3 and final["attempt"]["number"] == 4
-    print("steps lost per preemption:", [a.get("stepsLost") for a in ended[:3]], f"(save period {save_period})")
-    for earlier, later in zip(ended[:3], [*ended[1:3], final["attempt"]], strict=True):
-        assert later["resumedFrom"] is not None and later["resumedFrom"] >= (earlier.get("resumedFrom") or 0)
-    assert ended[2]["resumedFrom"] < saving_step, (saving_step, ended)  # the interrupted save was never used
-    latest = final["checkpoints"]["latest"]
-    assert latest["step"] == steps
-    uninterrupted = json.loads((tmp_path / "rp" / f"step_{steps}" / "manifest.json").read_text())
-    assert latest["weightsSha256"] == uninterrupted["weights_sha256"], (latest, uninterrupted["weights_sha256"])
 
 
 def test_a_zombie_attempt_cannot_record_a_checkpoint_once_attempt_2_has_started(loop: Loop, namespace: str) -> None:

@@ -10,16 +10,22 @@ local processes (hack/testbed/containerpods.py):
     through the bed's relay with the per-run ServiceAccount's projected token (in-cluster configuration).
 
 Against it: the user's journey (support/journeys.py: the head evicted, attempt 2 resumes, Succeeded), and what
-only containers show: the checkpoint written to the PVC as the image's user (UID 1000).
+only containers show: the checkpoint written to the PVC as the image's user (UID 1000); a worker group's pod
+(KubeRay's init container, the head found by its Service name, the generation worker in it); and exact resume
+across three preemptions, one in the middle of a save (support/journeys.py: the final weights equal those of the
+same driver command run uninterrupted on a local Ray; set E2E_CHAOS_SEED to replay its random moments).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+import containerpods
 import controlplane
 import fullloop
 from support import containers, journeys
@@ -63,3 +69,36 @@ def test_the_journey_runs_on_ray_pods_that_are_containers_of_the_runtime_image_a
     assert any(p.name == "manifest.json" for p in written), sorted(map(str, written))[:20]
     owners = {p.stat().st_uid for p in written}
     assert owners == {IMAGE_USER}, {str(p): p.stat().st_uid for p in written if p.stat().st_uid != IMAGE_USER}
+
+
+def test_a_worker_container_waits_in_kuberays_init_container_reaches_its_head_by_service_name_and_generates(
+    loop: Loop, namespace: str
+) -> None:
+    run = loop.cluster_run("gen", workers=1, claim="gen-checkpoints", steps=20)
+    run["spec"]["image"] = containers.image("runtime")
+    loop.plane.apply(loop.checkpoints_pvc("gen-checkpoints"), run, namespace=namespace)
+    final = loop.wait_phase(namespace, "gen", "Succeeded", timeout=600)
+    assert [a["reason"] for a in final["attempts"]] == ["Succeeded"], final["attempts"]
+
+    keeper = loop.bed.runner.containers
+    assert keeper is not None
+    (worker,) = [p for p in keeper.pods.values() if p.namespace == namespace and "-worker-" in p.name]
+    init, ray = worker.stages
+    assert init.spec["name"] == "wait-gcs-ready", init.spec  # KubeRay's, run to its end before Ray started
+    assert "ray start" in " ".join(ray.spec.get("args") or []) and "--address" in " ".join(ray.spec["args"])
+    head_service = next(h for h in worker.hosts if h.endswith(".svc.cluster.local"))
+    assert head_service.split(".")[0] in " ".join(ray.spec["args"]) + json.dumps(ray.env), (head_service, ray.env)
+    (head,) = [p for p in keeper.pods.values() if p.namespace == namespace and "-head-" in p.name]
+    assert worker.hosts[head_service] == head.pod_ip, worker.hosts
+    # The generation worker ran in the worker's container: Ray names each actor's log `:actor_name:<class>`.
+    ray_tmp = worker.directory / "volumes" / containerpods.RAY_TMP_VOLUME
+    actors = [p.read_text(errors="replace") for p in ray_tmp.glob("session_*/logs/worker-*.out")]
+    assert any(":actor_name:Generator" in text for text in actors), [t[:80] for t in actors]
+
+
+def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(
+    loop: Loop, namespace: str, tmp_path: Path
+) -> None:
+    journeys.preemptions_end_with_the_weights_of_an_uninterrupted_run(
+        loop, namespace, tmp_path, image=containers.image("runtime")
+    )

@@ -1,18 +1,27 @@
-"""The user's journey on the full loop, whichever operator drives it: `kubectl apply` the tiny example, the
-operator creates a RayJob, the real KubeRay runs it on Ray pods the pod runner plays, the real driver checkpoints
-and reports, the head pod is evicted, attempt 2 resumes from the recorded step, and the run succeeds.
+"""The user's journey on the full loop, whichever operator drives it and however the Ray pods run: `kubectl apply`
+the tiny example, the operator creates a RayJob, the real KubeRay runs it on Ray pods the pod runner plays, the
+real driver checkpoints and reports, the head pod is evicted, attempt 2 resumes from the recorded step, and the run
+succeeds.
 
-Used by tests/e2e/test_full_loop_journey.py (our operator as its own process) and
-tests/e2e/test_chart_operator.py (the chart installed by helm, the operator in its container).
+Used by tests/e2e/test_full_loop_journey.py (our operator as its own process),
+tests/e2e/test_chart_operator.py (the chart installed by helm, the operator in its container) and
+tests/e2e/test_ray_containers.py (Ray pods as containers). Exact resume across preemptions
+(`preemptions_end_with_the_weights_of_an_uninterrupted_run`) is used by tests/e2e/test_full_loop_chaos.py and
+tests/e2e/test_ray_containers.py.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import re
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import chaos
+from support.fullloop_runs import head_name, manifests, recorded_by, reference_run, run_directory
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -131,3 +140,88 @@ def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = 
     assert by_2 and by_2[0] == (recorded_by_1 // save_period + 1) * save_period, final["checkpoints"]["history"]
     assert final["checkpoints"]["latest"]["step"] == steps and final["checkpoints"]["latest"]["attempt"] == 2
     return figures
+
+
+def preemptions_end_with_the_weights_of_an_uninterrupted_run(
+    loop: Loop, namespace: str, tmp_path: Path, *, image: str | None = None
+) -> None:
+    """Exact resume on the full loop: run `rp` (its Ray pods from `image` if given) preempted three times, once in
+    the middle of a save (attempt 2's driver frozen by a crash point after writing a manifest, then evicted without
+    a grace period), resumes each time from a recorded checkpoint, never from the interrupted save, and ends with
+    the weights of the same driver command run uninterrupted on a local Ray. Set E2E_CHAOS_SEED to replay the
+    random moments of a failed run (the seed is printed)."""
+    seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 2**31)
+    rng = random.Random(seed)
+    print(f"\nE2E_CHAOS_SEED={seed}")
+    steps, save_period = 40, 5
+    run = loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period})
+    if image is not None:
+        run["spec"]["image"] = image
+    loop.plane.apply(loop.checkpoints_pvc("rp-checkpoints"), run, namespace=namespace)
+    rayjob = loop.wait(
+        lambda: loop.plane.get(f"/apis/ray.io/v1/namespaces/{namespace}/rayjobs/rp-a1"),
+        timeout=60,
+        what="attempt 1's RayJob",
+    )
+    reference = reference_run(loop, rayjob, tmp_path)
+    try:
+        moments: list[str] = []
+        # 1: a random moment after attempt 1 recorded its first checkpoint.
+        loop.wait(lambda: recorded_by(loop, namespace, "rp", 1), timeout=420, what="attempt 1's first checkpoint")
+        head = head_name(loop, namespace, "rp", 1)
+        # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
+        # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
+        loop.bed.runner.add_env(
+            {"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
+            {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}" for n in range(save_period, steps, save_period))},
+        )
+        delay = rng.uniform(0, 3)
+        time.sleep(delay)
+        chaos.evict(loop.plane, namespace, head)
+        moments.append(f"attempt 1: {delay:.1f}s after its first checkpoint was recorded")
+
+        # 2: during a save of attempt 2, without a grace period.
+        directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
+        markers = directory / "crash-markers"
+        head = head_name(loop, namespace, "rp", 2)
+        frozen = loop.wait(
+            lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None),
+            timeout=420,
+            what="attempt 2's driver in the middle of a save",
+        )
+        saving_step = int(frozen.name.rsplit("@", 1)[1])
+        pending = json.loads((directory / f"tmp_step_{saving_step}" / "manifest.json").read_text())
+        assert pending["attempt"] == 2 and pending["step"] == saving_step
+        # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
+        # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace
+        # it (the re-save path moves it to old_step_N first), but it is not attempt 2's.
+        assert manifests(directory).get(saving_step, {}).get("attempt") != 2, manifests(directory)[saving_step]
+        chaos.evict(loop.plane, namespace, head, grace_seconds=0)
+        moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
+
+        # 3: a random moment after attempt 3 recorded its first checkpoint.
+        loop.wait(lambda: recorded_by(loop, namespace, "rp", 3), timeout=420, what="attempt 3's first checkpoint")
+        head = head_name(loop, namespace, "rp", 3)
+        delay = rng.uniform(0, 3)
+        time.sleep(delay)
+        chaos.evict(loop.plane, namespace, head)
+        moments.append(f"attempt 3: {delay:.1f}s after its first checkpoint was recorded")
+
+        final = loop.wait_phase(namespace, "rp", "Succeeded", timeout=600)
+        print("evictions:", "; ".join(moments))
+        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
+    finally:
+        if reference.poll() is None:
+            chaos.kill_process(reference)
+
+    ended = final["attempts"]
+    assert [a["reason"] for a in ended[:3]] == ["Preempted"] * 3, ended
+    assert final["restarts"]["preempted"] == 3 and final["attempt"]["number"] == 4
+    print("steps lost per preemption:", [a.get("stepsLost") for a in ended[:3]], f"(save period {save_period})")
+    for earlier, later in zip(ended[:3], [*ended[1:3], final["attempt"]], strict=True):
+        assert later["resumedFrom"] is not None and later["resumedFrom"] >= (earlier.get("resumedFrom") or 0)
+    assert ended[2]["resumedFrom"] < saving_step, (saving_step, ended)  # the interrupted save was never used
+    latest = final["checkpoints"]["latest"]
+    assert latest["step"] == steps
+    uninterrupted = json.loads((tmp_path / "rp" / f"step_{steps}" / "manifest.json").read_text())
+    assert latest["weightsSha256"] == uninterrupted["weights_sha256"], (latest, uninterrupted["weights_sha256"])
