@@ -26,10 +26,10 @@ Who uses it: `podrunner.PodRunner` (it calls `sync` on every pass with the pods 
           ├── exits    ──> the termination becomes lastState.terminated; restarted under restartPolicy Always (or
           │                OnFailure after a failure): the first restart at once, then after 10 s, 20 s, ... up
           │                to 300 s (CrashLoopBackOff), restartCount + 1; else phase Failed/Succeeded
-          └── endings  ──> pod deleted: its preStop exec hook (`podman exec`), then `podman stop`, both within its
-                           grace period (capped by `grace_cap`; a hook that used it up leaves 2 s), then the
-                           final delete; node deleted: killed at once; `stop()`: every container removed, and
-                           the relay stopped
+          └── endings  ──> pod deleted: its preStop exec hook (`podman exec`; none with grace 0), then `podman
+                           stop`, both within its grace period (capped by `grace_cap`; a hook that used it up
+                           leaves 2 s), then the final delete; node deleted: killed at once; `stop()`: every
+                           container removed, and the relay stopped
 
 Every container is labelled with its pod (io.kubernetes.pod.*) and with the pid of the process that runs this
 runner (RUNNER_LABEL): a later runner removes containers whose runner is gone (a test process killed outright;
@@ -534,12 +534,14 @@ class ContainerPods:
         def finish() -> None:
             hook = podspec.pre_stop_command(local.pod["spec"]["containers"][0])
             started = time.monotonic()
-            if remove is not None and hook and local.alive() and not local.initializing:
+            # A deleted pod's hook runs in its own container (not an init container's); grace 0: no hook.
+            ran_hook = remove is not None and grace > 0 and local.alive() and not local.initializing
+            if ran_hook and hook is not None:
                 code, output = _exec(local.instance, hook, grace)
                 self.record(f"{local.key} [container]: PreStop: exit {code}: {output.strip()[-300:]}")
             if local.alive():
                 left = grace - (time.monotonic() - started)
-                if remove is not None and hook and left <= 0:
+                if ran_hook and hook is not None and left <= 0:
                     left = PRE_STOP_EXTENSION_S  # a hook that used the grace up: the kubelet's one-off extension
                 _stop_container(local.instance, max(0.0, left))
             _reap(local)
