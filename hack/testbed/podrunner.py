@@ -671,14 +671,11 @@ class PodRunner:
         targets on the bridge); routes to a head container that is gone are dropped."""
         if not self.ray_in_containers or self.containers is None:
             return
-        wanted: dict[str, tuple[str, int]] = {}
-        for namespace, service, pod_ip, ports in self._head_services():
-            for port in service["spec"].get("ports") or []:
-                target = port.get("targetPort", port["port"])
-                number = ports.get(target) if isinstance(target, str) else target
-                if number is not None:
-                    name = f"{service['metadata']['name']}.{namespace}.svc.{CLUSTER_DOMAIN}:{port['port']}"
-                    wanted[name] = (pod_ip, int(number))
+        wanted = {
+            authority: (head.pod_ip, number)
+            for service, head in self._head_services()
+            for authority, number in service_targets(service, head.pod).items()
+        }
         current = {a: t for a, t in self.forward_proxy.targets().items() if t[0] != "127.0.0.1"}
         for authority, (host, port) in wanted.items():
             if current.get(authority) != (host, port):
@@ -687,35 +684,38 @@ class PodRunner:
         for authority in current.keys() - wanted.keys():
             self.forward_proxy.remove_route(authority)
 
-    def _head_services(self) -> list[tuple[str, dict[str, Any], str, dict[str, int]]]:
-        """(namespace, Service, head container IP, the head container's named ports) for each Service that selects
-        a head that runs as a container and is ready."""
+    def _ready_heads(self) -> list[containerpods.ContainerPod]:
+        """The Ray heads that run as containers, are ready and have an address."""
         assert self.containers is not None
-        heads = [
+        return [
             p for p in self.containers.running() if p.ready and p.pod_ip and podspec.plays(p.pod) and _is_head(p.pod)
         ]
+
+    def _head_services(self) -> list[tuple[dict[str, Any], containerpods.ContainerPod]]:
+        """(Service, head) for each Service that selects a ready head container."""
+        heads = self._ready_heads()
         found = []
         for namespace in sorted({h.namespace for h in heads}):
             services = self._api.items(f"/api/v1/namespaces/{namespace}/services")
-            for head in (h for h in heads if h.namespace == namespace):
-                labels = head.pod["metadata"].get("labels") or {}
-                ports = {
-                    p.get("name"): p["containerPort"] for p in head.pod["spec"]["containers"][0].get("ports") or []
-                }
-                for service in services:
-                    chosen = service["spec"].get("selector") or {}
-                    if chosen and all(labels.get(k) == v for k, v in chosen.items()):
-                        found.append((namespace, service, head.pod_ip, ports))
+            found += [(s, h) for h in heads if h.namespace == namespace for s in services if selects(s, h.pod)]
         return found
 
     def _pod_hosts(self, pod: dict[str, Any]) -> dict[str, str] | None:
         """What a container pod resolves without cluster DNS: the Services of its namespace that select a running
         head container, by the names a pod may use (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`), to
         the head's address. A Ray worker waits (None) until its RayCluster's head runs."""
-        hosts: dict[str, str] = {}
         namespace = pod["metadata"]["namespace"]
-        for found_namespace, service, pod_ip, _ports in self._head_services():
-            if found_namespace == namespace:
+        if podspec.plays(pod) and not _is_head(pod):
+            cluster = (pod["metadata"].get("labels") or {}).get(podspec.CLUSTER_LABEL, "")
+            if not any(
+                h.namespace == namespace
+                and (h.pod["metadata"].get("labels") or {}).get(podspec.CLUSTER_LABEL) == cluster
+                for h in self._ready_heads()
+            ):
+                return None
+        hosts: dict[str, str] = {}
+        for service, head in self._head_services():
+            if head.namespace == namespace:
                 name = service["metadata"]["name"]
                 for alias in (
                     name,
@@ -723,18 +723,7 @@ class PodRunner:
                     f"{name}.{namespace}.svc",
                     f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}",
                 ):
-                    hosts[alias] = pod_ip
-        labels = pod["metadata"].get("labels") or {}
-        if podspec.plays(pod) and not _is_head(pod):
-            cluster = labels.get(podspec.CLUSTER_LABEL, "")
-            assert self.containers is not None
-            if not any(
-                h.ready and h.pod_ip and _is_head(h.pod)
-                and (h.pod["metadata"].get("labels") or {}).get(podspec.CLUSTER_LABEL) == cluster
-                and h.namespace == namespace
-                for h in self.containers.running()
-            ):  # fmt: skip
-                return None
+                    hosts[alias] = head.pod_ip
         return hosts
 
     def _wanted_routes(self, namespace: str, heads: list[localpod.LocalPod]) -> dict[str, dict[str, int]]:
@@ -747,20 +736,10 @@ class PodRunner:
         }
         wanted: dict[str, dict[str, int]] = {}
         for head in (h for h in heads if h.uid in pods):
-            labels = pods[head.uid]["metadata"].get("labels") or {}
-            container_ports = {
-                p.get("name"): p["containerPort"] for p in podspec.ray_container(pods[head.uid]).get("ports") or []
-            }
             for service in services:
-                chosen = service["spec"].get("selector") or {}
-                if not chosen or any(labels.get(k) != v for k, v in chosen.items()):
-                    continue
-                for port in service["spec"].get("ports") or []:
-                    target = port.get("targetPort", port["port"])
-                    number = container_ports.get(target) if isinstance(target, str) else target
-                    local_port = head.ports.get(number or -1)
+                for authority, number in service_targets(service, pods[head.uid]).items():
+                    local_port = head.ports.get(number)
                     if local_port is not None:
-                        authority = f"{service['metadata']['name']}.{namespace}.svc.{CLUSTER_DOMAIN}:{port['port']}"
                         wanted.setdefault(head.uid, {})[authority] = local_port
         return wanted
 
@@ -780,6 +759,29 @@ class PodRunner:
         stamped = f"{_now()} {line}"
         self.events.append(stamped)
         log.info("%s", stamped)
+
+
+def selects(service: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether `service`'s selector picks `pod` (a Service without a selector picks none)."""
+    chosen = service["spec"].get("selector") or {}
+    labels = pod["metadata"].get("labels") or {}
+    return bool(chosen) and all(labels.get(k) == v for k, v in chosen.items())
+
+
+def service_targets(service: dict[str, Any], pod: dict[str, Any]) -> dict[str, int]:
+    """`<svc>.<ns>.svc.cluster.local:<port>` -> the Ray container's port, for each port of `service` that reaches
+    `pod` (a targetPort by number, or by the name of a container port): what cluster DNS and kube-proxy would do."""
+    if not selects(service, pod):
+        return {}
+    named = {p.get("name"): p["containerPort"] for p in podspec.ray_container(pod).get("ports") or []}
+    name, namespace = service["metadata"]["name"], pod["metadata"]["namespace"]
+    found = {}
+    for port in service["spec"].get("ports") or []:
+        target = port.get("targetPort", port["port"])
+        number = named.get(target) if isinstance(target, str) else target
+        if number is not None:
+            found[f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}:{port['port']}"] = int(number)
+    return found
 
 
 def _is_head(pod: dict[str, Any]) -> bool:
