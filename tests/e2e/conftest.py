@@ -124,17 +124,25 @@ class Loop:
         that a test saw, so asserting them at once races the operator)."""
         return self.wait(lambda: self.events(namespace, reason) or None, timeout=timeout, what=f"a {reason} event")
 
+    def status_unless_failed(self, namespace: str, name: str) -> dict[str, Any]:
+        """The run's status; the test fails at once, with diagnostics, if the run has Failed (a wait for anything
+        else would otherwise run to its timeout)."""
+        status = self.run_status(namespace, name)
+        if status.get("phase") == "Failed":
+            pytest.fail(
+                f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
+                f"attempts: {status.get('attempts')}\n{self.diagnostics()}",
+                pytrace=False,
+            )
+        return status
+
     def wait_phase(self, namespace: str, name: str, phase: str, *, timeout: float) -> dict[str, Any]:
         """Waits for `phase`; fails at once (with diagnostics) if the run ends Failed instead."""
 
         def reached() -> dict[str, Any] | None:
-            status = self.run_status(namespace, name)
-            if status.get("phase") == "Failed" and phase != "Failed":
-                pytest.fail(
-                    f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
-                    f"attempts: {status.get('attempts')}\n{self.diagnostics()}",
-                    pytrace=False,
-                )
+            status = (
+                self.run_status(namespace, name) if phase == "Failed" else self.status_unless_failed(namespace, name)
+            )
             return status if status.get("phase") == phase else None
 
         return self.wait(reached, timeout=timeout, what=f"run {name} {phase}")

@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 import chaos
 from support.fullloop_runs import head_name, manifests, recorded_by, reference_run, run_directory
 
@@ -39,19 +37,6 @@ def latest_step(status: dict[str, Any]) -> int | None:
 def printer_columns(loop: Loop, namespace: str, name: str) -> dict[str, str]:
     table = loop.plane.kubectl("get", "trun", name, "-n", namespace).stdout.splitlines()
     return dict(zip(table[0].split(), table[1].split(), strict=True))
-
-
-def not_failed(loop: Loop, namespace: str, name: str) -> dict[str, Any]:
-    """The run's status; the test fails at once, with the loop's diagnostics, if the run has Failed (a wait for
-    progress would otherwise run to its timeout)."""
-    status = loop.run_status(namespace, name)
-    if status.get("phase") == "Failed":
-        pytest.fail(
-            f"run {name} Failed: {status.get('reason')}: {status.get('message')}\n"
-            f"attempts: {status.get('attempts')}\n{loop.diagnostics()}",
-            pytrace=False,
-        )
-    return status
 
 
 def logged_progress(loop: Loop, namespace: str, pod: str) -> int | None:
@@ -75,7 +60,7 @@ def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = 
     loop.plane.apply(loop.checkpoints_pvc("tiny-checkpoints"), run, namespace=namespace)
 
     first = loop.wait(
-        lambda: latest_step(not_failed(loop, namespace, "tiny")),
+        lambda: latest_step(loop.status_unless_failed(namespace, "tiny")),
         timeout=420,
         what="the first checkpoint recorded in status",
     )
