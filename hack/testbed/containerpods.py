@@ -55,6 +55,7 @@ import containerruntime
 import containerspec
 import fakenodes
 import kubeapi
+import localpod
 import podnet
 import podspec
 import podstatus
@@ -147,10 +148,7 @@ class ContainerPod:
     def job_driver_logs(self) -> dict[str, str]:
         """A Ray head's per-job driver logs (`job-driver-<submission id>.log`), by file name: Ray's /tmp/ray is a
         directory of the pod's on this machine (RAY_TMP_VOLUME), so they outlive the container."""
-        return {
-            path.name: path.read_text(errors="replace")
-            for path in sorted((self.directory / "volumes" / RAY_TMP_VOLUME).glob("session_*/logs/job-driver-*.log"))
-        }
+        return localpod.job_driver_logs(self.directory / "volumes" / RAY_TMP_VOLUME)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -79,13 +79,19 @@ class LocalPod:
 
     def job_driver_logs(self) -> dict[str, str]:
         """Ray's per-job driver logs (`job-driver-<submission id>.log`) from this head's session, by file name."""
-        return {
-            path.name: path.read_text(errors="replace")
-            for path in sorted(self.temp_dir.glob("session_*/logs/job-driver-*.log"))
-        }
+        return job_driver_logs(self.temp_dir)
 
     def log_tail(self, lines: int = 30) -> str:
         return components.tail(self.log_path, lines)
+
+
+def job_driver_logs(ray_temp_dir: Path) -> dict[str, str]:
+    """Ray's per-job driver logs (`job-driver-<submission id>.log`) under a Ray temp dir (its sessions), by file
+    name: a process head's `--temp-dir`, or a container head's /tmp/ray as seen from this machine."""
+    return {
+        path.name: path.read_text(errors="replace")
+        for path in sorted(ray_temp_dir.glob("session_*/logs/job-driver-*.log"))
+    }
 
 
 def pod_processes(uid: str) -> list[int]:
