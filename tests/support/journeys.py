@@ -3,9 +3,9 @@ the tiny example, the operator creates a RayJob, the real KubeRay runs it on Ray
 real driver checkpoints and reports, the head pod is evicted, attempt 2 resumes from the recorded step, and the run
 succeeds.
 
-Used by tests/e2e/test_full_loop_journey.py (our operator as its own process),
-tests/e2e/test_chart_operator.py (the chart installed by helm, the operator in its container) and
-tests/e2e/test_ray_containers.py (Ray pods as containers). Exact resume across preemptions
+Used by tests/e2e/test_chart_operator.py (the chart installed by helm, the operator in its container, Ray pods as
+processes) and tests/e2e/test_ray_containers.py (our operator as its own process, Ray pods as containers): between
+them every part the journey crosses runs as it would on a cluster. Exact resume across preemptions
 (`preemptions_end_with_the_weights_of_an_uninterrupted_run`) is used by tests/e2e/test_full_loop_chaos.py and
 tests/e2e/test_ray_containers.py.
 """
