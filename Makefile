@@ -28,7 +28,7 @@ testbed:
 images:
 	TESTBED_CACHE=$(TESTBED_CACHE) $(BUILD_NICE) bash hack/images/build.sh
 
-# On a new machine the test bed and the images take about 20 minutes to build, and half the tests do not need them.
+# On a new machine the test bed and the images take about half an hour to build, and most tests do not need them.
 # So the tests run in two groups. First, side by side: lint (which installs the venv), the test-bed build, the images
 # and, as soon as the venv is there, every test that needs neither the bed nor the images (unit, and integration on
 # real Ray, TransferQueue and torch). The builds run at a lower priority (nice) so that they take the CPU those tests

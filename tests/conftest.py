@@ -45,7 +45,7 @@ TESTBED_NODES = 2
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test that uses the test bed (the `control_plane` fixture, itself or through another) `cluster`.
 
-    `make test` runs the tests without the bed (`-m "not cluster and not containers"`) while the bed and the images
+    `make test` runs the tests without the bed (`-m "not (cluster or containers)"`) while the bed and the images
     build, then the rest: a test that starts the bed without the marker would otherwise land in the first group and
     fail there on a new machine, before the binaries exist.
     """
