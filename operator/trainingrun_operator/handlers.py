@@ -52,6 +52,7 @@ FINALIZER = f"{PREFIX}/finalizer"
 RESYNC_SECONDS = 120.0  # a pass even without events: a safety net, not the mechanism
 MAX_ERROR_DELAY = 60.0
 READ_AHEAD = 0.1  # a requested pass reads this much before it is due, and decides when due
+FAILED_TO_RECONCILE = "FailedToReconcile"  # the Warning event's reason for a pass that failed unexpectedly
 
 
 @dataclasses.dataclass
@@ -154,12 +155,15 @@ def supervised_runs(memo: Any, **_: Any) -> int:
 
 
 @kopf.daemon(model.GROUP, model.VERSION, model.PLURAL, cancellation_timeout=10.0)
-async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def supervise(
+    name: str, namespace: str | None, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
     """Reconcile this run whenever woken, or when the last pass asked to be called back.
 
     A pass that was asked for (a backoff's end) starts `READ_AHEAD` seconds early: it reads the run, its
     RayJobs and pods, then decides at the due moment (see `reconciler.reconcile`'s `not_before`), so the
-    next attempt's RayJob is not one more round of reads late.
+    next attempt's RayJob is not one more round of reads late. A pass that fails, with our error or any other
+    (a bug), is retried after a capped exponential backoff: the run stays supervised until it is deleted.
     """
     memo, namespace = _memo(memo), _ns(namespace)
     wake = memo.wakeups.event(namespace, name)
@@ -183,11 +187,36 @@ async def supervise(name: str, namespace: str | None, memo: Any, stopped: kopf.D
             raise
         except errors.OperatorError as exc:
             failures += 1
-            requeue = min(MAX_ERROR_DELAY, 0.5 * 2**failures) if exc.retryable else MAX_ERROR_DELAY
+            requeue = _backoff(failures) if exc.retryable else MAX_ERROR_DELAY
             logger.warning("%s/%s: reconcile failed (%s), retrying in %.1fs", namespace, name, exc, requeue)
+        except Exception as exc:  # a bug in one pass must not end the run's supervision
+            failures += 1
+            requeue = _backoff(failures)
+            logger.exception("%s/%s: reconcile failed unexpectedly, retrying in %.1fs", namespace, name, requeue)
+            await _post_failure(memo.api, body, exc, requeue)
         due = time.monotonic() + requeue if requeue is not None else None
         timeout = max(0.0, requeue - READ_AHEAD) if requeue is not None else memo.resync_seconds
         await wakeups.wait_any(wake.wait(), stopped.wait(), timeout=timeout)
+
+
+def _backoff(failures: int) -> float:
+    """Seconds before the next pass after `failures` failed passes in a row: 1, 2, 4, ... up to MAX_ERROR_DELAY."""
+    return min(MAX_ERROR_DELAY, 0.5 * 2.0**failures)
+
+
+async def _post_failure(api: apiclient.Api, run: kopf.Body, exc: Exception, requeue: float) -> None:
+    """A Warning event on `run` for a pass that failed unexpectedly; best effort, as every event we post."""
+    message = f"reconcile failed unexpectedly ({type(exc).__name__}: {exc}); retrying in {requeue:.1f}s"
+    try:
+        await api.post_event(run, "Warning", FAILED_TO_RECONCILE, message)
+    except Exception as post_exc:  # the run's supervision outlives its events
+        logger.warning(
+            "%s/%s: could not post event %s: %s",
+            run.metadata.namespace,
+            run.metadata.name,
+            FAILED_TO_RECONCILE,
+            post_exc,
+        )
 
 
 # The event handlers are coroutines on purpose: kopf runs plain functions in a thread pool, and the wake-up
