@@ -3,11 +3,14 @@ TrainingRun among them, checked as the operator checks one (validation.run_probl
 
 Whatever keeps the file from running is an errors.InvalidInput that says where: the file; the line and column of
 a YAML error; every invalid field with the line and column of its key (the YAML nodes keep where each key is).
+metadata.name is held to the rule the CRD gives the API server (`RUN_NAME`, `RUN_NAME_MAX`): locally it names the
+run's directory under --root, so `../x` or `/tmp/x` would put the run's files outside it.
 """
 
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,12 +18,18 @@ import yaml
 
 from trainingrun_operator import errors, model, validation
 
-__all__ = ["load"]
+__all__ = ["RUN_NAME", "RUN_NAME_MAX", "load"]
+
+RUN_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+"""metadata.name, as the CRD's rule has it (fullmatch): a DNS-1035 label."""
+RUN_NAME_MAX = 40
+"""The CRD's bound on metadata.name: the RayJob name <run>-a<attempt> must fit KubeRay's 47 characters."""
 
 
 def load(path: pathlib.Path) -> model.TrainingRun:
-    """The first TrainingRun in a YAML file, checked as the operator checks one: the model (the CRD's mirror) and
-    spec.trainer against the runtime's RuntimeConfig (validation.run_problems). `status` in the file is ignored.
+    """The first TrainingRun in a YAML file, checked as the operator checks one: metadata.name against the CRD's
+    rule, the model (the CRD's mirror) and spec.trainer against the runtime's RuntimeConfig
+    (validation.run_problems). `status` in the file is ignored.
 
     Raises errors.InvalidInput naming the file, and the line and column of a YAML error or of every invalid field.
     """
@@ -33,10 +42,34 @@ def load(path: pathlib.Path) -> model.TrainingRun:
         )
     node, doc = runs[0]
     doc = {**doc, "status": None}
-    found = validation.run_problems(doc)
+    found = _name_problems(doc) + validation.run_problems(doc)
     if found:
         raise errors.InvalidInput(_problems_message(path, node, doc, found))
     return model.TrainingRun.model_validate(doc)
+
+
+def _name_problems(doc: Mapping[str, Any]) -> list[validation.Problem]:
+    """metadata.name against `RUN_NAME` and `RUN_NAME_MAX`; a name that is missing or not a string is the model's
+    to report."""
+    metadata = doc.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) or (RUN_NAME.fullmatch(name) and len(name) <= RUN_NAME_MAX):
+        return []
+    size = f" ({len(name)} characters)" if len(name) > RUN_NAME_MAX else ""
+    suggested = _suggested_name(name)
+    explained = (
+        f"must be a DNS-1035 label of at most {RUN_NAME_MAX} characters (lowercase letters, digits and '-', starting "
+        f"with a letter, ending with a letter or digit), as on a cluster; got {name!r}{size}; rename the run"
+        + (f", e.g. `name: {suggested}`" if suggested else "")
+    )
+    return [validation.Problem(("metadata", "name"), explained, explained)]
+
+
+def _suggested_name(name: str) -> str:
+    """`name` made into a valid run name (lowercased, other characters as '-', cut to size); "" if nothing is left."""
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower())
+    label = re.sub(r"^[^a-z]+", "", label)[:RUN_NAME_MAX]
+    return label.rstrip("-")
 
 
 def _text_of(path: pathlib.Path) -> str:

@@ -1,9 +1,9 @@
 """The command line answers a newcomer's mistakes with one message and exit status 2, never a traceback.
 
 Each mistake is made as a user would make it: a file that is missing, a directory, YAML that does not parse, a file
-without a TrainingRun, invalid fields in spec and spec.trainer at once, a misspelt field; for `trainingrun
-operator`, a kubeconfig that is missing or broken, or none at all. Nothing here starts Ray or reaches a cluster:
-every case stops before that.
+without a TrainingRun, invalid fields in spec and spec.trainer at once, a misspelt field, a run name that would put
+the run's files outside --root; for `trainingrun operator`, a kubeconfig that is missing or broken, or none at all.
+Nothing here starts Ray or reaches a cluster: every case stops before that.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import pytest
 import yaml
 
-from trainingrun_operator import cli
+from trainingrun_operator import cli, local
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 
@@ -121,6 +121,23 @@ def test_a_root_that_is_a_file_is_named(capsys: pytest.CaptureFixture[str], tmp_
     path = example(tmp_path)
     code, err = trainingrun(capsys, "run", str(path), "--root", str(path))
     assert code == 2 and err == f"trainingrun run: error: --root {path}: not a directory\n"
+
+
+@pytest.mark.parametrize("name", ["../outside", "{tmp_path}/outside"])
+def test_a_run_name_that_would_leave_the_root_is_refused_before_anything_is_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    def supervise(*args: object, **kwargs: object) -> None:
+        pytest.fail("the run started")
+
+    monkeypatch.setattr(local.LocalRun, "supervise", supervise)
+    name = name.format(tmp_path=tmp_path)
+    path = example(tmp_path, "  name: tiny\n", f"  name: {name}\n")
+    root = tmp_path / "root"
+    code, err = trainingrun(capsys, "run", str(path), "--root", str(root))
+    assert code == 2
+    assert err.splitlines()[1].startswith(f"  {path}:{line_of(path, name)}:3: metadata.name: must be a DNS-1035 label")
+    assert sorted(tmp_path.rglob("*")) == [path], "nothing written, under the root or outside it"
 
 
 def test_the_message_is_all_a_user_sees_and_debug_adds_the_traceback(tmp_path: pathlib.Path) -> None:
