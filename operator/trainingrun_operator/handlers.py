@@ -201,7 +201,7 @@ async def supervise(
 
 def _backoff(failures: int) -> float:
     """Seconds before the next pass after `failures` failed passes in a row: 1, 2, 4, ... up to MAX_ERROR_DELAY."""
-    return min(MAX_ERROR_DELAY, 0.5 * 2.0**failures)
+    return min(MAX_ERROR_DELAY, 0.5 * 2.0 ** min(failures, 16))  # the exponent bounded: 2.0**1024 overflows
 
 
 async def _post_failure(api: apiclient.Api, run: kopf.Body, exc: Exception, requeue: float) -> None:

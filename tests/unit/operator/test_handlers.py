@@ -208,3 +208,8 @@ async def test_a_cancelled_pass_still_ends_the_daemon(monkeypatch: pytest.Monkey
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(daemon, timeout=10)
     assert passes == [None] and api.posted.empty(), "cancelled: no retry, no event"
+
+
+def test_the_backoff_after_any_number_of_failed_passes_is_capped_and_never_overflows() -> None:
+    assert [handlers._backoff(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
+    assert handlers._backoff(10_000) == handlers.MAX_ERROR_DELAY
