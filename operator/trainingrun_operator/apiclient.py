@@ -11,8 +11,11 @@ would deliver them, without the consistent read's wait for the cache to catch up
 time at 200 runs). What that view can miss is only what changed in the last moments: an object deleted
 shows up a little longer (the next attempt waits a little longer), and a pod created in that instant is one
 that KubeRay made for a RayJob already being deleted (it never runs a driver). The TrainingRun itself is
-read from etcd: its status is what every decision builds on. What the operator may call is exactly what the
-chart's ClusterRole grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
+read from etcd: its status is what every decision builds on. The lists select by the run's label; what of them
+is the run's is the reconciler's to decide, by owner references (`observation.run_rayjobs`, `observation.of_run`).
+A create that finds its object there already (409) returns False; the caller reads that object and adopts it
+only if it is the run's own (`identity.refusal`). What the operator may call is exactly what the chart's
+ClusterRole grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
 """
 
 from __future__ import annotations
@@ -125,23 +128,27 @@ class Api:
 
     # --------------------------------------------------------------------------------- TrainingRuns
 
-    async def get_trainingrun(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The TrainingRun, or None if it is gone."""
+    async def _read(self, what: str, fn: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """One object, or None if it is gone (404)."""
         try:
-            obj = await self._call(
-                f"get trainingrun {namespace}/{name}",
-                self._custom.get_namespaced_custom_object,
-                model.GROUP,
-                model.VERSION,
-                namespace,
-                model.PLURAL,
-                name,
-            )
+            obj = await self._call(what, fn, *args)
         except errors.ApiError as exc:
             if exc.status == 404:
                 return None
             raise
         return dict(obj)
+
+    async def get_trainingrun(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The TrainingRun, or None if it is gone."""
+        return await self._read(
+            f"get trainingrun {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            model.GROUP,
+            model.VERSION,
+            namespace,
+            model.PLURAL,
+            name,
+        )
 
     async def patch_trainingrun_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch on the status subresource (operator-owned fields only; never status.runtime)."""
@@ -160,7 +167,7 @@ class Api:
     # ------------------------------------------------------------------------------------ RayJobs
 
     async def list_rayjobs(self, namespace: str, run: str) -> list[dict[str, Any]]:
-        """Every RayJob of `run` (by label), any attempt."""
+        """Every RayJob with `run`'s label, any attempt (the run's own are those it owns: `observation.run_rayjobs`)."""
         result = await self._call(
             f"list rayjobs of {namespace}/{run}",
             self._custom.list_namespaced_custom_object,
@@ -174,7 +181,7 @@ class Api:
         return list(result.get("items", []))
 
     async def create_rayjob(self, body: Mapping[str, Any]) -> bool:
-        """Create a RayJob; False if it already exists (409: adopt it, never a duplicate)."""
+        """Create a RayJob; False if one exists under its name (409: adopted if it is the run's, never a duplicate)."""
         meta = body["metadata"]
         return await self._create(
             f"create rayjob {meta['namespace']}/{meta['name']}",
@@ -184,6 +191,18 @@ class Api:
             meta["namespace"],
             RAYJOBS,
             dict(body),
+        )
+
+    async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A RayJob, or None if it is gone."""
+        return await self._read(
+            f"get rayjob {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            RAY_GROUP,
+            RAY_VERSION,
+            namespace,
+            RAYJOBS,
+            name,
         )
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
@@ -208,7 +227,7 @@ class Api:
     # ---------------------------------------------------------------------------- pods and nodes
 
     async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
-        """Every pod of `run`'s Ray clusters (the RayJob pod templates carry the run label)."""
+        """Every pod with `run`'s label (the RayJob pod templates carry it; the run's own: `observation.of_run`)."""
         result = await self._call(
             f"list pods of {namespace}/{run}",
             self._core.list_namespaced_pod,
@@ -220,17 +239,12 @@ class Api:
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         """A node, or None if it is gone."""
-        try:
-            node = await self._call(f"get node {name}", self._core.read_node, name)
-        except errors.ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return dict(node)
+        return await self._read(f"get node {name}", self._core.read_node, name)
 
     # --------------------------------------------------------------------------- driver identity
 
     async def create_service_account(self, body: Mapping[str, Any]) -> bool:
+        """Create the driver's ServiceAccount; False if one exists under its name (409)."""
         meta = body["metadata"]
         return await self._create(
             f"create serviceaccount {meta['namespace']}/{meta['name']}",
@@ -240,6 +254,7 @@ class Api:
         )
 
     async def create_role(self, body: Mapping[str, Any]) -> bool:
+        """Create the driver's Role; False if one exists under its name (409)."""
         meta = body["metadata"]
         return await self._create(
             f"create role {meta['namespace']}/{meta['name']}",
@@ -249,6 +264,7 @@ class Api:
         )
 
     async def create_role_binding(self, body: Mapping[str, Any]) -> bool:
+        """Create the driver's RoleBinding; False if one exists under its name (409)."""
         meta = body["metadata"]
         return await self._create(
             f"create rolebinding {meta['namespace']}/{meta['name']}",
@@ -257,12 +273,28 @@ class Api:
             dict(body),
         )
 
+    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ServiceAccount, or None if it is gone (read after a 409, to see whose it is)."""
+        return await self._read(
+            f"get serviceaccount {namespace}/{name}", self._core.read_namespaced_service_account, name, namespace
+        )
+
+    async def get_role(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Role, or None if it is gone (read after a 409, to see whose it is and what it grants)."""
+        return await self._read(f"get role {namespace}/{name}", self._rbac.read_namespaced_role, name, namespace)
+
+    async def get_role_binding(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A RoleBinding, or None if it is gone (read after a 409, to see whose it is and what it binds)."""
+        return await self._read(
+            f"get rolebinding {namespace}/{name}", self._rbac.read_namespaced_role_binding, name, namespace
+        )
+
     async def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
         try:
             await self._call(what, fn, *args)
         except errors.ApiError as exc:
             if exc.status == 409:
-                logger.debug("%s: exists, adopting", what)
+                logger.debug("%s: exists", what)
                 return False
             raise
         return True

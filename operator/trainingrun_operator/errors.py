@@ -7,7 +7,7 @@ command line (`cli.main`) prints it and exits 2.
 
 from __future__ import annotations
 
-__all__ = ["ApiError", "IllegalTransition", "InvalidInput", "OperatorError"]
+__all__ = ["ApiError", "ForeignObject", "IllegalTransition", "InvalidInput", "OperatorError"]
 
 
 class OperatorError(Exception):
@@ -47,3 +47,14 @@ class InvalidInput(OperatorError):
         context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
         where = f" ({context} at line {context_mark.line + 1})" if context and context_mark is not None else ""
         return cls(f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{where}")
+
+
+class ForeignObject(OperatorError):
+    """An object under one of the run's names is not the run's own; it is never adopted: delete it or rename the run.
+
+    Its owner references name another owner, or none (or, for the driver's Role and RoleBinding, its rules or
+    binding are not the ones the operator writes). The message names the object, its owner and the fix. Retried:
+    the object may be an earlier run's of the same name that the garbage collector is still removing.
+    """
+
+    retryable = True

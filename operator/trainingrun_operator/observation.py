@@ -4,6 +4,10 @@ and `decision.py` read them.
 
 Only the facts the decision needs are kept: KubeRay's view of the RayJob, and for every pod of the attempt
 its phase, disruption condition, node health (and since when), the Ray container's termination and waiting reasons.
+
+What is the run's is decided by owner references, never by the run's label alone (anyone who may create a pod
+can write the label): a RayJob is the run's if it names the TrainingRun's uid as an owner (`run_rayjobs`); a pod
+if its controller is the Ray cluster of one of those RayJobs (`of_run`).
 """
 
 from __future__ import annotations
@@ -14,27 +18,47 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from trainingrun_operator import model, naming
 from trainingrun_runtime import timestamps
 
 __all__ = [
     "EVICTION_REASONS",
+    "RAY_API_VERSION",
     "AttemptObservation",
+    "Owner",
     "PodObservation",
     "RayJobObservation",
+    "controller_of",
     "disrupted",
     "exit_code_from_message",
     "node_ready",
     "node_ready_changed",
+    "of_run",
+    "owned_by_run",
     "pod_observation",
     "rayjob_observation",
+    "run_rayjobs",
 ]
 
 EVICTION_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "Terminated", "NodeShutdown"})
 """pod.status.reason values that mean the platform, not the program, ended the pod."""
 
+RAY_API_VERSION = "ray.io/v1"
+"""The apiVersion of KubeRay's RayJob and RayCluster, as their owner references name them."""
+
 DEFAULT_GRACE_SECONDS = 30.0
 """A pod's termination grace period when its spec does not say (the API server's default)."""
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """An object's controlling owner: its ownerReference with `controller: true`."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +96,7 @@ class PodObservation:
     exit_code: int | None = None  # the Ray container's last termination
     termination_reason: str = ""  # OOMKilled, Error, ...
     waiting_reason: str = ""  # ImagePullBackOff, ErrImagePull, InvalidImageName, CreateContainerConfigError, ...
+    owner: Owner | None = None  # the pod's controller (KubeRay's: the RayCluster); who it belongs to (`of_run`)
 
     @property
     def is_head(self) -> bool:
@@ -202,9 +227,65 @@ def pod_observation(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
         exit_code=exit_code,
         termination_reason=termination_reason,
         waiting_reason=waiting_reason,
+        owner=controller_of(pod),
     )
 
 
 def disrupted(pod: PodObservation) -> bool:
     """The pod shows a platform-side cause of its end (DisruptionTarget, Evicted, Preempting, ...)."""
     return bool(pod.disruption) or pod.reason in EVICTION_REASONS
+
+
+# ----------------------------------------------------------------------------------- what is the run's
+
+
+def _owner_references(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [ref for ref in refs if isinstance(ref, Mapping)]
+
+
+def controller_of(obj: Mapping[str, Any]) -> Owner | None:
+    """The object's controlling owner reference (`controller: true`), None if it has none."""
+    for ref in _owner_references(obj):
+        if ref.get("controller") is True:
+            fields = (str(ref.get(key) or "") for key in ("apiVersion", "kind", "name", "uid"))
+            return Owner(*fields)
+    return None
+
+
+def owned_by_run(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether an owner reference of `obj` names the TrainingRun whose uid is `uid` (its kind and apiVersion too)."""
+    return bool(uid) and any(
+        ref.get("uid") == uid and ref.get("kind") == model.KIND and ref.get("apiVersion") == model.API_VERSION
+        for ref in _owner_references(obj)
+    )
+
+
+def run_rayjobs(jobs: Iterable[Mapping[str, Any]], uid: str | None) -> list[dict[str, Any]]:
+    """The RayJobs among `jobs` that the TrainingRun `uid` owns; one with the run's label and another owner (or
+    none) is not the run's: never observed, never deleted."""
+    return [dict(job) for job in jobs if owned_by_run(job, uid)]
+
+
+def of_run(owner: Owner | None, run: str, attempt: str, jobs: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a pod whose controller is `owner` and whose attempt label is `attempt` is a pod of that attempt of
+    `run`. `jobs`: the run's own RayJobs by name (`run_rayjobs`).
+
+    Its controller must be the Ray cluster of the attempt's RayJob: the RayCluster that RayJob names in
+    status.rayClusterName (KubeRay's pods), or the RayJob itself, by uid. Once that RayJob is gone (deleted, its
+    cluster's pods still going) its name must do: a RayCluster `<rayjob>-<suffix>` (how KubeRay names a RayJob's
+    cluster) or the RayJob `<rayjob>`. A reference to an object that does not exist does not last: the garbage
+    collector deletes a pod whose owner is gone.
+    """
+    if owner is None or owner.api_version != RAY_API_VERSION or not attempt.isdigit():
+        return False
+    name = naming.rayjob_name(run, int(attempt))
+    job = jobs.get(name)
+    if job is None:
+        return (owner.kind == "RayCluster" and owner.name.startswith(f"{name}-")) or (
+            owner.kind == "RayJob" and owner.name == name
+        )
+    cluster = str((job.get("status") or {}).get("rayClusterName") or "")
+    if owner.kind == "RayCluster":
+        return bool(cluster) and owner.name == cluster
+    return owner.kind == "RayJob" and owner.name == name and bool(owner.uid) and owner.uid == job["metadata"].get("uid")

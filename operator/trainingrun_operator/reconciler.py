@@ -5,16 +5,20 @@ Called by `handlers.supervise` (one coroutine per run, so a run is never reconci
 
     get the TrainingRun, list its RayJobs and pods (by label) ─ concurrently; gone or deleting? stop
     read: parse spec/status (pydantic); an object that does not parse goes on with its first invalid field
-    observe: the nodes the current attempt's pods sit on
+    observe: of what the label selected, only what the run owns (owner references: `observation.run_rayjobs`,
+             `observation.of_run`); the nodes the current attempt's pods sit on
     decide (decision.py, pure): that field fails the run (Failed/InvalidSpec) like any other invalid spec
     write the status patch ─ identities (attempt number, RayJob and ServiceAccount names) land here first;
                               the driver's identity objects (fixed names) are created alongside
-    act: RayJob create (409 = adopt) / delete, then events
+    act: RayJob create (409 = adopt if the run's own) / delete, then events; an object under one of the run's
+         names that is not the run's (`identity.refusal`) is refused: its message goes into status.reason/message
+         and a Warning event, and the pass fails, to be retried (`errors.ForeignObject`)
     metrics: once the status is written, the exporter learns what the pass changed (`metrics.py`, `figures.py`);
              every pass's duration, failed or not, less the wait for the moment it was asked for
 
 A crash anywhere leaves either the old status (the next pass decides again) or the new status with names
-whose objects may be missing (the next pass creates them under the same names). Nothing is created twice.
+whose objects may be missing (the next pass creates them under the same names). Nothing is created twice, and
+nothing is adopted that the run did not create.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -52,6 +56,10 @@ __all__ = ["Clock", "Snapshot", "finalize", "gather", "observe", "read", "reconc
 logger = logging.getLogger(__name__)
 Clock = Callable[[], datetime.datetime]
 READ_AHEAD_LIMIT = 0.2  # the longest a pass waits, after its reads, for the moment it was asked for
+FOREIGN_OBJECT = "ForeignObject"
+"""The event and status reason of a run refused an object under one of its names (`errors.ForeignObject`)."""
+FOREIGN_OBJECT_GONE = "ForeignObjectGone"
+"""The event and status reason once the run's own objects are in place after such a refusal."""
 
 
 def utc_now() -> datetime.datetime:
@@ -65,10 +73,12 @@ def _attempt_of(obj: Mapping[str, Any]) -> str:
 async def gather(
     api: apiclient.Api, namespace: str, run: str
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
-    """The TrainingRun, its RayJobs and its pods, read concurrently (one round trip's wait instead of three).
+    """The TrainingRun, and the RayJobs and pods with its label, read concurrently (one round trip's wait instead
+    of three).
 
     The lists select by the run's label, so they need nothing from the TrainingRun; on a loaded API server
-    each read can take tens of milliseconds, and every pass starts with these three.
+    each read can take tens of milliseconds, and every pass starts with these three. Which of them the run owns
+    is `observe`'s to say, with the TrainingRun's uid.
     """
     obj, jobs, pods = await asyncio.gather(
         api.get_trainingrun(namespace, run), api.list_rayjobs(namespace, run), api.list_pods(namespace, run)
@@ -80,16 +90,22 @@ async def observe(
     api: apiclient.Api,
     namespace: str,
     run: str,
+    uid: str | None,
     status: model.TrainingRunStatus,
     jobs: list[dict[str, Any]],
     pods: list[dict[str, Any]],
     memory: departures.Departures | None = None,
 ) -> observation.AttemptObservation:
-    """What the cluster shows about the run's current attempt (and leftovers of others), from the run's
-    `jobs` and `pods` (see `gather`) and the nodes the current attempt's pods sit on (read here, concurrently)."""
+    """What the cluster shows about the run's current attempt (and leftovers of others), from the `jobs` and `pods`
+    with the run's label (see `gather`) that the TrainingRun `uid` owns, and the nodes the current attempt's pods
+    sit on (read here, concurrently). A RayJob or pod that only carries the label is not the run's: it counts for
+    nothing (no lost worker, no pod left to wait for) and is never deleted."""
     current = status.attempt
     number = current.number if current else 0
     job_name = current.ray_job_name if current else None
+    jobs = observation.run_rayjobs(jobs, uid)
+    by_name = {j["metadata"]["name"]: j for j in jobs}
+    pods = [p for p in pods if observation.of_run(observation.controller_of(p), run, _attempt_of(p), by_name)]
     mine = [p for p in pods if _attempt_of(p) == str(number)]
     node_names = sorted({str(p.get("spec", {}).get("nodeName")) for p in mine if p.get("spec", {}).get("nodeName")})
     found = await asyncio.gather(*(api.get_node(n) for n in node_names))
@@ -110,7 +126,11 @@ async def observe(
         # A pod seen as a disruption target counts as disrupted once it is being deleted, even if the condition
         # is gone from its status by now (a later status write replaced the conditions): "departed" is every
         # such pod of this attempt that is gone or going.
-        departed=memory.of_attempt(namespace, run, number, _staying(mine)) if memory else (),
+        departed=tuple(
+            p
+            for p in (memory.of_attempt(namespace, run, number, _staying(mine)) if memory else ())
+            if observation.of_run(p.owner, run, str(number), by_name)
+        ),
     )
 
 
@@ -159,11 +179,21 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
     meta = run.meta
     namespace, uid = meta.namespace or "default", meta.uid or ""
     if isinstance(action, decision.EnsureIdentity):
-        # Independent objects: created concurrently (each 409 adopts); all exist before the RayJob is created.
+        # Independent objects: created concurrently (each 409 adopts the run's own); all exist before the RayJob.
         await asyncio.gather(
-            api.create_service_account(identity.build_service_account(meta.name, namespace, uid)),
-            api.create_role(identity.build_role(meta.name, namespace, uid)),
-            api.create_role_binding(identity.build_role_binding(meta.name, namespace, uid)),
+            _ensure(
+                api.create_service_account,
+                api.get_service_account,
+                identity.build_service_account(meta.name, namespace, uid),
+                uid,
+            ),
+            _ensure(api.create_role, api.get_role, identity.build_role(meta.name, namespace, uid), uid),
+            _ensure(
+                api.create_role_binding,
+                api.get_role_binding,
+                identity.build_role_binding(meta.name, namespace, uid),
+                uid,
+            ),
         )
     elif isinstance(action, decision.CreateAttempt):
         assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
@@ -171,7 +201,7 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
             meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback, action.queue
         )
         try:
-            created = await api.create_rayjob(body)
+            created = await _ensure(api.create_rayjob, api.get_rayjob, body, uid)
         except errors.ApiError as exc:
             await _event(api, obj, "Warning", "FailedToCreateRayJob", f"RayJob {action.ray_job_name}: {exc}")
             raise
@@ -185,6 +215,29 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
             raise
         if deleted:
             await _event(api, obj, "Normal", "DeletedRayJob", f"RayJob {action.name}")
+
+
+async def _ensure(
+    create: Callable[[dict[str, Any]], Awaitable[bool]],
+    get: Callable[[str, str], Awaitable[dict[str, Any] | None]],
+    body: dict[str, Any],
+    uid: str,
+) -> bool:
+    """Create `body`, or adopt the object already under its name if it is the run's own; True if created.
+
+    errors.ForeignObject (naming the object, its owner and the fix) if it is not (`identity.refusal`): it is left
+    as it is, and nothing that would use it is created.
+    """
+    if await create(body):
+        return True
+    meta = body["metadata"]
+    existing = await get(meta["namespace"], meta["name"])
+    if existing is None:
+        raise errors.ApiError(f"{body['kind']} {meta['namespace']}/{meta['name']}: existed on create, gone on read")
+    problem = identity.refusal(existing, body, uid)
+    if problem is not None:
+        raise errors.ForeignObject(problem)
+    return False
 
 
 async def _event(api: apiclient.Api, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
@@ -226,7 +279,7 @@ async def reconcile(
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
             return None
         run = read(obj)
-        observed = await observe(api, namespace, name, run.status, jobs, pods, memory)
+        observed = await observe(api, namespace, name, run.meta.uid, run.status, jobs, pods, memory)
         waited = await _wait_until(not_before)
         return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics)
     finally:
@@ -295,6 +348,7 @@ async def _apply(
     Every other action (the RayJob above all) waits until the status names it. An action that fails after the
     status was written still lets the decision's events go out (the status already says what happened); its
     error is raised last. `written` is called once the status write succeeded (what the status now says happened).
+    A refused object (`errors.ForeignObject`) is also told in the status and an event (`_tell_ownership`).
     """
     namespace, name = run.meta.namespace or "default", run.meta.name
     identities = [a for a in result.actions if isinstance(a, decision.EnsureIdentity)]
@@ -329,8 +383,43 @@ async def _apply(
     await asyncio.gather(
         *(_event(api, obj, a.type, a.reason, a.message) for a in result.actions if isinstance(a, decision.Event))
     )
+    await _tell_ownership(api, obj, namespace, name, result, failed)
     if failed is not None:
         raise failed
+
+
+async def _tell_ownership(
+    api: apiclient.Api,
+    obj: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    result: decision.Decision,
+    failed: BaseException | None,
+) -> None:
+    """A refused object goes into status.reason/message (where `kubectl describe` and `kubectl get -o` show it)
+    and a Warning event, each once per message: the run keeps its phase and no RayJob is made while the pass is
+    retried. Once a pass has created the run's objects after such a refusal, the status says so (the decision
+    carries reason and message over until the phase changes). Best effort: the pass's own error comes first."""
+    status = result.status
+    if isinstance(failed, errors.ForeignObject):
+        reason, kind, message = FOREIGN_OBJECT, "Warning", str(failed)
+        if (status.reason, status.message) == (reason, message):
+            return
+    elif (
+        failed is None
+        and status.reason == FOREIGN_OBJECT
+        and any(isinstance(a, decision.CreateAttempt) for a in result.actions)
+    ):
+        number = status.attempt.number if status.attempt else 0
+        reason, kind = FOREIGN_OBJECT_GONE, "Normal"
+        message = f"the driver's identity and the RayJob of attempt {number} are this run's own now; it goes on"
+    else:
+        return
+    try:
+        await _write_status(api, namespace, name, {"reason": reason, "message": message})
+    except errors.ApiError as exc:
+        logger.warning("could not write %s into the status: %s", reason, exc)
+    await _event(api, obj, kind, reason, message)
 
 
 async def _write_status(api: apiclient.Api, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
@@ -339,9 +428,15 @@ async def _write_status(api: apiclient.Api, namespace: str, name: str, patch: Ma
 
 
 async def finalize(api: apiclient.Api, namespace: str, name: str) -> list[str]:
-    """The run is being deleted: delete its RayJobs now (checkpoints on the PVC are kept). Returns their names."""
+    """The run is being deleted: delete its RayJobs now (checkpoints on the PVC are kept). Returns their names.
+
+    Only the RayJobs the run owns: one that merely carries its label is not the run's to delete. A run already
+    gone has nothing left to delete here (the garbage collector takes what it owned).
+    """
+    obj, jobs = await asyncio.gather(api.get_trainingrun(namespace, name), api.list_rayjobs(namespace, name))
+    uid = (obj or {}).get("metadata", {}).get("uid")
     deleted = []
-    for job in await api.list_rayjobs(namespace, name):
+    for job in observation.run_rayjobs(jobs, uid):
         if await api.delete_rayjob(namespace, job["metadata"]["name"]):
             deleted.append(job["metadata"]["name"])
     return deleted

@@ -1,5 +1,6 @@
 """One reconcile pass against an in-memory stand-in for the API (no cluster): which calls overlap, which wait
-for which, and when the next pass is due. The decision itself is tested in test_decision.py."""
+for which, when the next pass is due, and what of the objects with the run's label the pass takes for the run's.
+The decision itself is tested in test_decision.py; the ownership rules alone in test_ownership.py."""
 
 from __future__ import annotations
 
@@ -28,15 +29,69 @@ def tiny(status: dict[str, Any] | None = None) -> dict[str, Any]:
     return dict(doc)
 
 
+OWNER = {
+    "apiVersion": "trainingrun.dev/v1alpha1",
+    "kind": "TrainingRun",
+    "name": "tiny",
+    "uid": "u-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+"""The owner reference of what the operator creates for `tiny()`."""
+CLUSTER = "tiny-a1-x7k2p"
+"""The RayCluster KubeRay made for RayJob tiny-a1 (`rayJob.status.rayClusterName`)."""
+
+
+def rayjob(name: str = "tiny-a1", attempt: int = 1, owned: bool = True, **status: Any) -> dict[str, Any]:
+    """A RayJob with the run's labels; `owned`: the TrainingRun's owner reference, as the operator creates it."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "uid": f"uid-{name}",
+        "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": str(attempt)},
+    }
+    if owned:
+        meta["ownerReferences"] = [OWNER]
+    return {"metadata": meta, "spec": {}, "status": {"rayClusterName": CLUSTER, **status}}
+
+
+def pod(name: str, node_type: str, attempt: int = 1, owner: str | None = CLUSTER, **status: Any) -> dict[str, Any]:
+    """A pod with the run's labels; `owner`: the RayCluster that controls it, as KubeRay's pods have (None: none)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": {
+            "trainingrun.dev/run": "tiny",
+            "trainingrun.dev/attempt": str(attempt),
+            "ray.io/node-type": node_type,
+        },
+    }
+    if owner is not None:
+        ref = {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "name": owner,
+            "uid": f"uid-{owner}",
+            "controller": True,
+        }
+        meta["ownerReferences"] = [ref]
+    return {"metadata": meta, "spec": {}, "status": {"phase": "Running", **status}}
+
+
 class FakeApi:
-    """The Api's methods that a pass calls, over dicts; records the order of calls. `delay` slows every call."""
+    """The Api's methods that a pass calls, over dicts; records the order of calls. `delay` slows every call.
+
+    `objects`: what exists already, by (kind, name); a create of one of them is a 409 (False), and the get after it
+    reads it. A create adds what it created there. `pods`: what list_pods returns.
+    """
 
     def __init__(self, run: dict[str, Any], jobs: list[dict[str, Any]] | None = None, delay: float = 0.0) -> None:
         self.run, self.jobs, self.delay = run, jobs or [], delay
+        self.pods: list[dict[str, Any]] = []
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.log: list[str] = []
         self.in_flight: set[str] = set()
         self.overlapped: dict[str, set[str]] = {}
         self.events: list[tuple[str, str]] = []
+        self.patches: list[dict[str, Any]] = []
 
     async def _call(self, what: str, result: Any = None) -> Any:
         self.log.append(f"start {what}")
@@ -56,27 +111,50 @@ class FakeApi:
         return await self._call("list rayjobs", copy.deepcopy(self.jobs))
 
     async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
-        return await self._call("list pods", [])
+        return await self._call("list pods", copy.deepcopy(self.pods))
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         return await self._call(f"get node {name}")
 
     async def patch_trainingrun_status(self, namespace: str, name: str, patch: dict[str, Any]) -> str | None:
         await self._call("patch status")
+        self.patches.append(patch)
         self.run["status"] = patching.apply(self.run.get("status") or {}, patch)
         return "11"
 
+    async def _create(self, what: str, body: dict[str, Any]) -> bool:
+        key = (body["kind"], body["metadata"]["name"])
+        created = key not in self.objects
+        if created:
+            self.objects[key] = copy.deepcopy(body)
+        return bool(await self._call(what, created))
+
+    async def _get(self, what: str, kind: str, name: str) -> dict[str, Any] | None:
+        return await self._call(what, copy.deepcopy(self.objects.get((kind, name))))
+
     async def create_service_account(self, body: dict[str, Any]) -> bool:
-        return bool(await self._call("create serviceaccount", True))
+        return await self._create("create serviceaccount", body)
 
     async def create_role(self, body: dict[str, Any]) -> bool:
-        return bool(await self._call("create role", True))
+        return await self._create("create role", body)
 
     async def create_role_binding(self, body: dict[str, Any]) -> bool:
-        return bool(await self._call("create rolebinding", True))
+        return await self._create("create rolebinding", body)
 
     async def create_rayjob(self, body: dict[str, Any]) -> bool:
-        return bool(await self._call("create rayjob", True))
+        return await self._create("create rayjob", body)
+
+    async def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("get serviceaccount", "ServiceAccount", name)
+
+    async def get_role(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("get role", "Role", name)
+
+    async def get_role_binding(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("get rolebinding", "RoleBinding", name)
+
+    async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("get rayjob", "RayJob", name)
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         for job in self.jobs:
@@ -155,16 +233,12 @@ def running_attempt_whose_rayjob_failed() -> tuple[dict[str, Any], list[dict[str
             "failedRestore": 0,
         },
     }
-    job = {
-        "metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
-        "spec": {},
-        "status": {
-            "jobDeploymentStatus": "Failed",
-            "jobStatus": "FAILED",
-            "reason": "AppFailed",
-            "message": "Job entrypoint command failed with exit code 1",
-        },
-    }
+    job = rayjob(
+        jobDeploymentStatus="Failed",
+        jobStatus="FAILED",
+        reason="AppFailed",
+        message="Job entrypoint command failed with exit code 1",
+    )
     return tiny(status), [job]
 
 
@@ -191,20 +265,9 @@ async def test_a_deleted_head_seen_as_a_disruption_target_is_preempted_even_if_t
     from trainingrun_operator import departures, observation
 
     run, _jobs = running_attempt_whose_rayjob_failed()
-    job = {
-        "metadata": {"name": "tiny-a1", "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1"}},
-        "spec": {},
-        "status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
-    }
-    head = {
-        "metadata": {
-            "name": "tiny-a1-head",
-            "deletionTimestamp": "2024-12-31T23:59:50Z",
-            "labels": {"trainingrun.dev/run": "tiny", "trainingrun.dev/attempt": "1", "ray.io/node-type": "head"},
-        },
-        "spec": {},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-    }
+    job = rayjob(jobDeploymentStatus="Running", jobStatus="RUNNING")
+    head = pod("tiny-a1-head", "head", conditions=[{"type": "Ready", "status": "True"}])
+    head["metadata"]["deletionTimestamp"] = "2024-12-31T23:59:50Z"
     seen = copy.deepcopy(head)
     del seen["metadata"]["deletionTimestamp"]
     seen["status"]["conditions"].append(
@@ -212,12 +275,8 @@ async def test_a_deleted_head_seen_as_a_disruption_target_is_preempted_even_if_t
     )
     memory = departures.Departures()
     memory.record("ns", "tiny", "1", observation.pod_observation(seen, None))
-
-    class WithHead(FakeApi):
-        async def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
-            return [copy.deepcopy(head)]
-
-    api = WithHead(run, [job])
+    api = FakeApi(run, [job])
+    api.pods = [head]
     await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, memory)  # type: ignore[arg-type]
     assert "start event Preempted" in api.log, api.log
 
@@ -322,3 +381,200 @@ async def test_a_run_found_gone_takes_its_series_with_it() -> None:
     api.run = None  # type: ignore[assignment]
     await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, metrics=exporter)  # type: ignore[arg-type]
     assert exporter.snapshot() == {}
+
+
+# ------------------------------------------------------------------- what the run owns, and what it refuses
+
+
+def foreign(body: dict[str, Any], owners: list[dict[str, Any]]) -> dict[str, Any]:
+    """`body` as someone else made it: the same kind and name, other owner references (none: [])."""
+    found = copy.deepcopy(body)
+    found["metadata"]["ownerReferences"] = owners
+    return found
+
+
+ANOTHER_RUN = {**OWNER, "uid": "u-old"}
+"""The owner reference of an earlier TrainingRun named tiny (another uid)."""
+
+
+def identity_bodies() -> dict[str, dict[str, Any]]:
+    from trainingrun_operator import identity
+
+    return {
+        "ServiceAccount": identity.build_service_account("tiny", "ns", "u-1"),
+        "Role": identity.build_role("tiny", "ns", "u-1"),
+        "RoleBinding": identity.build_role_binding("tiny", "ns", "u-1"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["ServiceAccount", "Role", "RoleBinding"])
+@pytest.mark.parametrize(
+    ("owners", "whose"), [([], "owned by nobody"), ([ANOTHER_RUN], "TrainingRun tiny (uid u-old)")]
+)
+async def test_a_driver_identity_object_that_another_owns_is_refused_named_and_left_alone(
+    kind: str, owners: list[dict[str, Any]], whose: str
+) -> None:
+    api = FakeApi(tiny())
+    found = foreign(identity_bodies()[kind], owners)
+    api.objects[(kind, "tiny-driver")] = copy.deepcopy(found)
+    with pytest.raises(errors.ForeignObject) as refused:
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert f"{kind} ns/tiny-driver exists and is " in message and whose in message
+    assert f"kubectl delete {kind.lower()} -n ns tiny-driver" in message and "another name" in message
+    assert refused.value.retryable, "an earlier run's object may be on its way out: the pass is retried"
+    assert api.objects[(kind, "tiny-driver")] == found, "the foreign object is not touched"
+    assert "start create rayjob" not in api.log, "no RayJob runs with an identity the run did not make"
+    status = api.run["status"]
+    assert (status["phase"], status["reason"], status["message"]) == ("Starting", "ForeignObject", message)
+    assert ("ForeignObject", message) in api.events
+
+    api.events.clear()
+    api.patches.clear()
+    api.log.clear()
+    with pytest.raises(errors.ForeignObject):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert f"end get {kind.lower()}" in api.log, "the second pass looked again"
+    assert not api.events and not api.patches, "the same refusal is told once, not on every retry"
+
+
+@pytest.mark.parametrize("kind", ["ServiceAccount", "Role", "RoleBinding"])
+async def test_a_driver_identity_object_this_run_owns_is_adopted_and_the_rayjob_created(kind: str) -> None:
+    api = FakeApi(tiny())
+    api.objects[(kind, "tiny-driver")] = identity_bodies()[kind]
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert f"end get {kind.lower()}" in api.log, "the 409 was looked at"
+    assert "start create rayjob" in api.log and api.run["status"]["reason"] == "AttemptStarted"
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value", "said"),
+    [
+        ("RoleBinding", "roleRef", {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "admin"}, "admin"),
+        ("RoleBinding", "subjects", [{"kind": "ServiceAccount", "name": "intruder", "namespace": "ns"}], "intruder"),
+        ("Role", "rules", [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}], "secrets"),
+    ],
+)
+async def test_a_role_or_binding_this_run_owns_that_grants_or_binds_otherwise_is_refused(
+    kind: str, field: str, value: Any, said: str
+) -> None:
+    """An owner reference names a uid anyone who reads the run knows: what a Role grants and whom a RoleBinding binds
+    are checked too, never taken from the object found."""
+    api = FakeApi(tiny())
+    found = identity_bodies()[kind]
+    found[field] = value
+    api.objects[(kind, "tiny-driver")] = found
+    with pytest.raises(errors.ForeignObject, match=f"{kind} ns/tiny-driver is owned by this TrainingRun but .*{said}"):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "start create rayjob" not in api.log
+
+
+async def test_a_rayjob_under_the_attempt_s_name_that_another_owns_is_refused_not_adopted() -> None:
+    api = FakeApi(tiny())
+    api.objects[("RayJob", "tiny-a1")] = rayjob(owned=False)
+    with pytest.raises(errors.ForeignObject, match="RayJob ns/tiny-a1 exists and is owned by nobody"):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "end get rayjob" in api.log
+    assert not {r for r, _ in api.events} & {"AdoptedRayJob", "CreatedRayJob"}
+    assert api.run["status"]["reason"] == "ForeignObject"
+
+
+async def test_once_the_foreign_object_is_gone_the_run_makes_its_own_and_says_so() -> None:
+    api = FakeApi(tiny())
+    api.objects[("RoleBinding", "tiny-driver")] = foreign(identity_bodies()["RoleBinding"], [ANOTHER_RUN])
+    with pytest.raises(errors.ForeignObject):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    del api.objects[("RoleBinding", "tiny-driver")]  # deleted by hand, or by the garbage collector
+    api.events.clear()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.objects[("RoleBinding", "tiny-driver")] == identity_bodies()["RoleBinding"]
+    assert "start create rayjob" in api.log
+    status = api.run["status"]
+    assert (status["phase"], status["reason"]) == ("Starting", "ForeignObjectGone")
+    assert [r for r, _ in api.events] == ["CreatedRayJob", "ForeignObjectGone"]
+
+
+async def test_a_rayjob_with_the_run_s_label_that_the_run_does_not_own_is_never_deleted() -> None:
+    """Another attempt's RayJob is deleted by a pass, and all of them when the run is deleted: only the run's own."""
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"].update(jobDeploymentStatus="Running", jobStatus="RUNNING", reason="", message="")
+    jobs += [rayjob("tiny-a0", attempt=0), rayjob("tiny-forged", attempt=0, owned=False)]
+    api = FakeApi(run, jobs)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "start delete rayjob tiny-a0" in api.log, "the run's own RayJob of another attempt goes"
+    assert "start delete rayjob tiny-forged" not in api.log
+    assert sorted(await reconciler.finalize(api, "ns", "tiny")) == ["tiny-a0", "tiny-a1"]  # type: ignore[arg-type]
+    assert "start delete rayjob tiny-forged" not in api.log
+
+
+async def test_a_rayjob_with_the_run_s_labels_and_the_attempt_s_name_but_no_owner_is_not_the_attempt_s() -> None:
+    """A RayJob tiny-a1 someone made before the operator could: its status (Running) does not make the attempt run;
+    the run sees no RayJob of its own, and its create finds that one and refuses it."""
+    run, _ = running_attempt_whose_rayjob_failed()
+    run["status"].update(phase="Starting", reason="AttemptStarted")
+    forged = rayjob(owned=False, jobDeploymentStatus="Running", jobStatus="RUNNING")
+    api = FakeApi(run, [forged])
+    api.objects[("RayJob", "tiny-a1")] = forged
+    with pytest.raises(errors.ForeignObject, match="RayJob ns/tiny-a1 exists and is owned by nobody"):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.run["status"]["phase"] == "Starting" and "start event AttemptRunning" not in api.log
+
+
+def forged_worker(**status: Any) -> dict[str, Any]:
+    """A pod someone made with the run's labels, owned by no RayCluster of the run: a disruption victim."""
+    return pod("forged-worker", "worker", owner=None, **status)
+
+
+DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]
+
+
+async def test_a_forged_pod_with_the_run_s_labels_is_not_a_lost_worker_of_the_run() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"].update(jobDeploymentStatus="Running", jobStatus="RUNNING", reason="", message="")
+    api = FakeApi(run, jobs)
+    api.pods = [pod("tiny-a1-head", "head"), forged_worker(conditions=DISRUPTED), pod("w", "worker", owner="other-x")]
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "end list pods" in api.log
+    assert "start event WorkerLost" not in api.log and not api.run["status"]["attempt"].get("workersLost")
+
+    real = pod("tiny-a1-worker-0", "worker", conditions=DISRUPTED)
+    api.pods.append(real)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.run["status"]["attempt"]["lostWorkerPods"] == ["tiny-a1-worker-0"], "the run's own worker counts"
+
+
+async def test_a_forged_pod_the_watch_saw_disrupted_and_gone_is_not_a_departure_of_the_run() -> None:
+    from trainingrun_operator import departures, observation
+
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"].update(jobDeploymentStatus="Running", jobStatus="RUNNING", reason="", message="")
+    memory = departures.Departures()
+    memory.record("ns", "tiny", "1", observation.pod_observation(forged_worker(conditions=DISRUPTED), None))
+    forged_head = pod("forged-head", "head", owner=None, conditions=DISRUPTED)
+    memory.record("ns", "tiny", "1", observation.pod_observation(forged_head, None))
+    api = FakeApi(run, jobs)
+    api.pods = [pod("tiny-a1-head", "head")]
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, memory)  # type: ignore[arg-type]
+    assert "end list pods" in api.log
+    assert not {"start event WorkerLost", "start event Preempted"} & set(api.log), api.log
+    assert api.run["status"]["phase"] == "Running"
+
+
+async def test_a_forged_pod_of_the_ended_attempt_does_not_hold_back_the_next_one() -> None:
+    api = FakeApi(restarting(0.0))
+    api.pods = [forged_worker(), pod("tiny-a1-head", "head", owner="tiny-a1-elsewhere-x")]
+    api.pods[1]["metadata"]["ownerReferences"][0]["apiVersion"] = "ray.io/v9"  # no kind the API server serves
+    await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
+    assert "start create rayjob" in api.log, api.log
+
+
+async def test_a_pod_of_the_ended_attempt_whose_rayjob_is_gone_still_holds_back_the_next_one() -> None:
+    """The old RayJob is deleted at once; its cluster's pods go after it (the garbage collector): the next attempt
+    waits for them, known by the name KubeRay gives a RayJob's cluster."""
+    api = FakeApi(restarting(0.0))
+    api.pods = [pod("tiny-a1-head", "head")]
+    await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
+    assert "end list pods" in api.log and "start create rayjob" not in api.log
+    api.pods.clear()
+    await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
+    assert "start create rayjob" in api.log, "once they are gone, it starts"
