@@ -7,13 +7,14 @@ refused before it begins, it writes no further checkpoint and exits 1 naming the
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support import launcher, waiting
-from trainingrun_runtime.storage import fence, layout
+from support import bundles, launcher, waiting
+from trainingrun_runtime.storage import fence, layout, verification
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -102,3 +103,57 @@ def test_retention_keeps_the_step_the_operator_pinned_and_an_ended_attempt_stops
     assert code == 1
     assert "the operator ended attempt 1" in proc.output()
     assert 2 in steps_on_disk(run_dir)
+
+
+def test_a_zombie_held_in_its_commit_neither_replaces_a_newer_attempts_step_nor_cleans_its_save(
+    tmp_path: Path,
+) -> None:
+    """The fence holds for the whole commit: the driver is held after writing step 4's manifest (where hashing and
+    fsyncs can take minutes), attempt 2 claims the directory meanwhile and has a step 4 of its own and a save in
+    progress; the held driver, going on, stops right before its rename."""
+    run_dir = layout.run_dir(tmp_path, "held")
+    proc = launcher.start(
+        run="held", attempt=1, root=tmp_path, config=CONFIG, run_uid="uid-1", crash_at="manifest_written@4~20"
+    )
+    try:
+        proc.wait_for_marker("manifest_written", 4, timeout=400, held=True)
+        fence.claim(run_dir, "uid-1", 2)
+        theirs = bundles.save_as(tmp_path / "elsewhere", "held", 4, attempt=2, run_uid="uid-1")
+        os.rename(theirs, run_dir / "step_4")
+        in_progress = run_dir / layout.tmp_dirname(6, 2)
+        in_progress.mkdir()
+        (in_progress / "policy").write_bytes(b"attempt 2 is writing this")
+        code = proc.wait(120)
+    finally:
+        proc.kill()
+    output = proc.output()
+    assert code == 1, output[-3000:]
+    assert "(attempt 1 was about to rename tmp_step_4.attempt_1 to step_4)" in output, output[-3000:]
+    assert verification.verify(run_dir / "step_4", run="held").attempt == 2
+    assert (in_progress / "policy").read_bytes() == b"attempt 2 is writing this"
+    assert not (run_dir / "tmp_step_4.attempt_1").exists() and not (run_dir / "old_step_4").exists()
+
+
+def test_a_run_pinned_below_steps_on_disk_trains_on_and_keeps_what_it_saved(tmp_path: Path) -> None:
+    """Retention counts only the current lineage: attempt 2 resumes from step 4, below attempt 1's step 8; with
+    keepLast 1 the old rule counted step 8 as the newest and deleted every step attempt 2 saved."""
+    run_dir = layout.run_dir(tmp_path, "lineage")
+    first = json.loads(json.dumps(CONFIG))
+    first["trainer"]["steps"], first["checkpoint"] = 8, {"savePeriod": 4, "keepLast": 100}
+    proc = launcher.start(run="lineage", attempt=1, root=tmp_path, config=first, run_uid="uid-1")
+    assert proc.wait(400) == 0, proc.output()[-3000:]
+    assert steps_on_disk(run_dir) == {4, 8}
+    second = json.loads(json.dumps(CONFIG))
+    second["trainer"]["steps"], second["checkpoint"] = 6, {"savePeriod": 1, "keepLast": 1}
+    proc = launcher.start(run="lineage", attempt=2, root=tmp_path, config=second, resume="4", run_uid="uid-1")
+    assert proc.wait(400) == 0, proc.output()[-3000:]
+    # Its last step stays (keepLast 1 took 4 and 5); attempt 1's newer step is not its to count or delete.
+    assert steps_on_disk(run_dir) == {6, 8}
+    assert manifest_of(run_dir, 6)["attempt"] == 2 and manifest_of(run_dir, 8)["attempt"] == 1
+    runtime = json.loads((run_dir / "attempts" / "2" / "runtime.json").read_text())
+    assert runtime["lastCheckpoint"]["step"] == 6
+
+
+def manifest_of(run_dir: Path, step: int) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((run_dir / f"step_{step}" / layout.MANIFEST).read_text())
+    return manifest

@@ -53,6 +53,18 @@ def save(
     )
 
 
+def save_as(root: Path, run: str, step: int, *, attempt: int, run_uid: str) -> Path:
+    """Commit `contents(step)` as step `step` of `run`, written by attempt `attempt` of run uid `run_uid`."""
+    pending = BundleWriter(root, run, attempt=attempt, run_uid=run_uid, now=lambda: T0).begin(step)
+    for rel, data in contents(step, f" of attempt {attempt}").items():
+        p = pending.path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return pending.commit(
+        attempt=attempt, config_hash="c" * 64, replay_digest=sha256_hex({"step": step}), replay_mode="authoritative"
+    )
+
+
 def as_format_1(step_dir: Path) -> Path:
     """Rewrite a committed step's manifest as versions before BLAKE3 wrote it: `format_version` 1 and a SHA-256
     per file (hashed here with hashlib, not through the code under test); returns `step_dir`."""

@@ -190,7 +190,7 @@ def preemptions_end_with_the_weights_of_an_uninterrupted_run(
             what="attempt 2's driver in the middle of a save",
         )
         saving_step = int(frozen.name.rsplit("@", 1)[1])
-        pending = json.loads((directory / f"tmp_step_{saving_step}" / "manifest.json").read_text())
+        pending = json.loads((directory / f"tmp_step_{saving_step}.attempt_2" / "manifest.json").read_text())
         assert pending["attempt"] == 2 and pending["step"] == saving_step
         # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
         # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace

@@ -220,13 +220,18 @@ class DataPlaneCheckpointer:
         buffer: TQReplayBuffer,
         barrier: DataPlaneCheckpointBarrier,
         on_stage: Callable[[str], None] | None = None,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+        guard: Callable[[str], None] | None = None,
     ) -> None:
         self.run = run
         self.dataplane = dataplane
         self.buffer = buffer
         self.barrier = barrier
         self._on_stage = on_stage
-        self._writer = commit.BundleWriter(root, run, on_stage=on_stage)
+        self._writer = commit.BundleWriter(
+            root, run, attempt=attempt, run_uid=run_uid, guard=guard, on_stage=on_stage
+        )  # the guard (the fence) runs before begin's cleanup and right before the rename
 
     def stage(self, name: str) -> None:
         """Report a save stage to `on_stage` (crash-test hook)."""

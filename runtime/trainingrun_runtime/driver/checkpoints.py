@@ -1,21 +1,23 @@
 """The controller's checkpoint pipeline: the cut inline in the train pump, then commit, report and retention behind it.
 
     save(step N)                                                       (called by the train pump every save_period)
-      wait for the previous commit; fence ("begin a save")             one save at a time: begin() cleans tmp_step_*
-      tmp_step_N/ ← policy/ (weights + optimizer)                      the trainer is idle: the pump waits
+      wait for the previous commit; begin(): fence, clean tmp_step_*   one save at a time (never a newer attempt's)
+      tmp_step_N.attempt_A/ ← policy/ (weights + optimizer)            the trainer is idle: the pump waits
       ┌ barrier.checkpoint(): replay index + capture() + inventory check + TransferQueue snapshot ┐   (checkpointer)
       └ the lanes queue at reserve/commit only for this window ──────────────────────────────────┘
       ── the pump goes on training from here; the rest runs as task checkpoint-commit-N ──
       train_dataloader.pt ← the loader place and sampler cursor read in the cut
-      fence ("rename"); commit: fsync, manifest (weights_sha256, replay digest, config hash) last, rename → step_N
+      commit: fsync, manifest (weights_sha256, replay digest, config hash) last, fence, rename → step_N
       report status.runtime.lastCheckpoint (only now); retention that keeps the step the operator would resume
       from (read from the status); an attempt the operator has already ended stops here (AttemptEnded, a
       Superseded: the checkpoint is complete and reported, and still answers the head's notice)
 
 An `InventoryMismatch` in the cut abandons that save (logged) and training goes on; any other failure discards
 the pending save and is raised, by `save` or, for the background part, by the next `save`, `raise_if_failed` or
-`settle`. The fence (`storage.fence`): before a save's begin, its rename and retention, owner.json must still
-name this attempt, else Superseded: a zombie of an ended attempt stops writing.
+`settle`. The fence (`storage.fence`): before a save's begin cleans anything, right before its rename (after the
+minutes that fsyncs and hashing can take), and before retention deletes, owner.json must still name this attempt,
+else Superseded: a zombie of an ended attempt stops writing. Retention counts only this attempt's lineage (the
+restored step and older ones, and the steps it wrote: `retention.Lineage`).
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ class Checkpoints:
         self._reports = reports
         self._telemetry = telemetry
         self._saver = checkpointer.DataPlaneCheckpointer(
-            args.root, args.run, dataplane=client, buffer=buffer, barrier=barrier, on_stage=self._stage
-        )
+            args.root, args.run, dataplane=client, buffer=buffer, barrier=barrier, on_stage=self._stage,
+            attempt=args.attempt, run_uid=args.run_uid, guard=self._fence,
+        )  # fmt: skip
+        self._written: set[int] = set()
+        """The steps this attempt committed: with the restored step, the lineage its retention counts."""
         self._commit: asyncio.Task[None] | None = None
         self._saving_step = -1
         self.save_s: float | None = None
@@ -92,8 +97,7 @@ class Checkpoints:
     ) -> None:
         """Write step N: the policy and the barrier cut now, the commit in the background (see the module)."""
         a = self._args
-        await self.settle()  # one save at a time: begin() cleans every tmp_step_* it finds
-        self._fence("begin a save")  # begin() would clean a newer attempt's unfinished tmp_step_*
+        await self.settle()  # one save at a time: begin() fences, then cleans this attempt's and older tmp_step_*
         self._saving_step = step
         started = time.monotonic()
         pending = await asyncio.to_thread(self._saver.begin, step)
@@ -172,13 +176,13 @@ class Checkpoints:
                 "exclusive_s": snap.exclusive_s,
                 "reason": reason,
             }
-            self._fence(f"rename tmp_step_{step}")
-            path = await asyncio.to_thread(
+            path = await asyncio.to_thread(  # fenced inside, right before the rename
                 lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
             )
         except BaseException:
             pending.abort()
             raise
+        self._written.add(step)
         self.last = reporting.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
             weightsSha256=sha, time=timestamps.now(), reason=reason,
@@ -212,12 +216,14 @@ class Checkpoints:
                 "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
             )
         protect = () if view.pinned is None else (view.pinned,)
-        self._fence("apply retention")  # it could delete the step a newer attempt restored from
+        lineage = retention.Lineage(resumed_from=a.restored.step, written=frozenset(self._written))
+        self._fence("apply retention")
         await asyncio.to_thread(
             lambda: retention.apply_retention(
-                a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect
+                a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect, lineage=lineage,
+                guard=self._fence,
             )
-        )
+        )  # fmt: skip
 
     def _fence(self, doing: str) -> None:
         """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""

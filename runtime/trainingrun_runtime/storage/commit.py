@@ -1,7 +1,7 @@
 """Writing a bundle: `tmp_step_N/` filled by its writers, then committed crash-consistently as `step_N/`.
 
-    writer = BundleWriter(root, run)
-    pending = writer.begin(step)          # cleans leftovers of crashed saves, makes an empty tmp_step_N/
+    writer = BundleWriter(root, run, attempt=A, guard=fence_check)
+    pending = writer.begin(step)          # guard; cleans leftovers of crashed saves, makes tmp_step_N.attempt_A/
     ... write files under pending.path (the data plane's snapshot, the index file, policy/, the loader place)
     pending.add_hashed({...})             # files whose writer already hashed them (the storage units)
     step_dir = pending.commit(...)        # or pending.abort()
@@ -10,7 +10,9 @@ The commit, with `on_stage(name)` called after each step so crash tests can kill
 
     files_synced      every file under tmp_step_N fsynced and hashed (size, blake3); every directory fsynced
     manifest_written  tmp_step_N/manifest.json written, fsynced, tmp dir fsynced
-    old_moved         re-save only: an existing step_N renamed to old_step_N, parent fsynced
+                      guard, again: the fence holds right up to the swap, not only at the save's start
+    old_moved         re-save only: an existing step_N renamed to old_step_N, parent fsynced (never one whose
+                      manifest names a newer attempt: Superseded)
     renamed           tmp_step_N renamed to step_N
     parent_synced     <root>/<run> fsynced: the checkpoint is now durable
     old_removed       re-save only: old_step_N deleted
@@ -18,13 +20,18 @@ The commit, with `on_stage(name)` called after each step so crash tests can kill
 A re-save of an existing step N (possible after resuming from an older step) moves the old step_N to
 old_step_N before the rename and deletes it after. A crash between the two renames leaves old_step_N and no
 step_N: discovery treats old_step_N as step N (it is the previous, complete checkpoint) and the next `begin()`
-renames it back (`recover`). Standard library only.
+renames it back (`recover`).
+
+The `guard` (the driver passes the fence, `storage.fence.check`) runs before `begin()` cleans anything and again
+right before the swap: a zombie attempt whose save outlasted the next attempt's claim (hashing and fsyncs can take
+minutes) stops there, and its cleanup never touches a newer attempt's `tmp_step_N.attempt_B`. Standard library only.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import json
 import logging
 import os
 import shutil
@@ -35,17 +42,19 @@ from typing import Any, Final
 
 from trainingrun_runtime import timestamps
 from trainingrun_runtime.digest import canonical_json
-from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.errors import CheckpointCorrupt, Superseded
 from trainingrun_runtime.storage import files, layout
 from trainingrun_runtime.storage.manifest import FORMAT_VERSION, FileEntry, Manifest, check_entry
 
-__all__ = ["COMMIT_STAGES", "BundleWriter", "PendingBundle", "recover", "sync_and_hash"]
+__all__ = ["COMMIT_STAGES", "RUN_UID", "BundleWriter", "PendingBundle", "recover", "sync_and_hash"]
 
 log = logging.getLogger(__name__)
 
 COMMIT_STAGES: Final = ("files_synced", "manifest_written", "old_moved", "renamed", "parent_synced", "old_removed")
 _HASH_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
 _SYNC_WORKERS: Final = 4
+RUN_UID: Final = "runUid"
+"""The key of the writer's run uid in a manifest's `extra`."""
 _SPLIT_HASH_BYTES: Final = 16 << 20
 """A file at least this large, when fewer such files than hashing threads are left to hash, is hashed on several
 threads (`files.hash_file(threads=...)`): the commit's files were just written, so they are in the page cache."""
@@ -63,23 +72,37 @@ class BundleWriter:
         root: str | os.PathLike[str],
         run: str,
         *,
+        attempt: int | None = None,
+        run_uid: str | None = None,
+        guard: Callable[[str], None] | None = None,
         on_stage: Callable[[str], None] | None = None,
         now: Callable[[], datetime.datetime] = _utc_now,
     ) -> None:
         self.root = Path(root)
         self.run = run
         self.run_dir = layout.run_dir(root, run)
+        self.attempt = attempt
+        """The attempt that writes (None: a writer that names none, such as a tool; its saves are `tmp_step_N`)."""
+        self.run_uid = run_uid
+        """The run's uid, recorded in each manifest's `extra` (`runUid`): a newer attempt's step is never replaced."""
+        self._guard = guard
         self._on_stage = on_stage
         self._now = now
 
     def begin(self, step: int) -> PendingBundle:
-        """Clean leftovers of crashed saves and return an empty `tmp_step_N/` to write the bundle into."""
+        """Guard, clean leftovers of crashed saves, and return an empty `tmp_step_N.attempt_A/` to write into."""
         name = layout.step_dirname(step)
+        tmp = self.run_dir / layout.tmp_dirname(step, self.attempt)
+        self.guard(f"clean up and begin {tmp.name}")  # recover() removes leftovers: never after a newer claim
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        recover(self.run_dir)
-        tmp = self.run_dir / f"{layout.TMP_PREFIX}{step}"
+        recover(self.run_dir, attempt=self.attempt)
         tmp.mkdir()
         return PendingBundle(self, step, tmp, self.run_dir / name)
+
+    def guard(self, doing: str) -> None:
+        """Run the guard (the fence): raises (Superseded) when this writer may no longer do `doing`."""
+        if self._guard is not None:
+            self._guard(doing)
 
     def stage(self, name: str) -> None:
         """Report a commit stage to `on_stage` (the crash tests' hook)."""
@@ -91,11 +114,12 @@ class BundleWriter:
         return self._now()
 
 
-def recover(run_path: Path) -> list[str]:
+def recover(run_path: Path, *, attempt: int | None = None) -> list[str]:
     """Bring `<root>/<run>` back to a clean state after crashes; returns what was done (called by begin()).
 
-    Removes every `tmp_step_*` and `del_step_*`, removes `old_step_N` when `step_N`
-    exists, and renames `old_step_N` back to `step_N` when it does not.
+    Removes `tmp_step_*` (but a `tmp_step_N.attempt_B` of an attempt B newer than `attempt`: that attempt's
+    save in progress) and every `del_step_*`, removes `old_step_N` when `step_N` exists, and renames
+    `old_step_N` back to `step_N` when it does not.
     """
     actions: list[str] = []
     if not run_path.is_dir():
@@ -103,6 +127,9 @@ def recover(run_path: Path) -> list[str]:
     names = {e.name for e in os.scandir(run_path)}
     for name in sorted(names):
         path = run_path / name
+        if name.startswith(layout.TMP_PREFIX) and _newer(layout.tmp_attempt_of(name), attempt):
+            log.warning("checkpoint dir %s: %s is a newer attempt's save in progress, left alone", run_path, name)
+            continue
         if name.startswith((layout.TMP_PREFIX, layout.DEL_PREFIX)) and path.is_dir() and not path.is_symlink():
             files.remove_tree(path)
             actions.append(f"removed {name}")
@@ -121,6 +148,24 @@ def recover(run_path: Path) -> list[str]:
         for a in actions:
             log.info("checkpoint dir %s: %s", run_path, a)
     return actions
+
+
+def _newer(theirs: int | None, mine: int | None) -> bool:
+    """Whether attempt `theirs` is newer than `mine` (an unnamed attempt is never newer; a writer naming none
+    treats every named one as newer)."""
+    if theirs is None:
+        return False
+    return mine is None or theirs > mine
+
+
+def _writer_of(step_dir: Path) -> tuple[int, str | None] | None:
+    """The attempt and run uid that the manifest in `step_dir` names (None: no readable manifest, no checkpoint)."""
+    try:
+        data = json.loads((step_dir / layout.MANIFEST).read_bytes())
+        attempt, uid = data.get("attempt"), (data.get("extra") or {}).get(RUN_UID)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (attempt, uid if isinstance(uid, str) else None) if type(attempt) is int else None
 
 
 class PendingBundle:
@@ -178,10 +223,15 @@ class PendingBundle:
         """
         if self._state != "open":
             raise RuntimeError(f"{self.path}: this pending bundle was already {self._state}")
-        self._state = "committing"
         w = self._writer
+        if w.attempt is not None and attempt != w.attempt:
+            raise ValueError(f"{self.path}: begun by attempt {w.attempt}, committed as attempt {attempt}")
+        self._state = "committing"
         try:
-            canonical_json(dict(extra or {}))  # fail before the expensive part, naming the bad field
+            extra = dict(extra or {})
+            if w.run_uid is not None:
+                extra.setdefault(RUN_UID, w.run_uid)
+            canonical_json(extra)  # fail before the expensive part, naming the bad field
             entries = sync_and_hash(self.path, self._hashed)
             w.stage("files_synced")
             manifest = Manifest(
@@ -195,11 +245,12 @@ class PendingBundle:
                 replay_digest=replay_digest,
                 replay_mode=replay_mode,
                 weights_sha256=weights_sha256,
-                extra=dict(extra or {}),
+                extra=extra,
             )
             self._write_manifest(manifest)
             w.stage("manifest_written")
-            old = self._swap_in()
+            w.guard(f"rename {self.path.name} to {self.final_path.name}")  # no await or wait from here to the swap
+            old = self._swap_in(attempt)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             self._state = "aborted"
@@ -224,12 +275,21 @@ class PendingBundle:
         files.write_synced(self.path / layout.MANIFEST, raw)
         files.fsync_dir(self.path)
 
-    def _swap_in(self) -> Path | None:
-        """Rename tmp_step_N to step_N, moving an existing step_N aside first; returns where it went (or None)."""
+    def _swap_in(self, attempt: int) -> Path | None:
+        """Rename tmp_step_N to step_N, moving an existing step_N aside first; returns where it went (or None).
+
+        Superseded, and nothing moved, when the existing step_N was written by a newer attempt than `attempt`.
+        """
         w = self._writer
         old = w.run_dir / f"{layout.OLD_PREFIX}{self.step}"
         moved = False
         if self.final_path.exists():
+            theirs = _writer_of(self.final_path)
+            if theirs is not None and theirs[0] > attempt and theirs[1] == w.run_uid:
+                raise Superseded(
+                    f"{self.final_path} was written by attempt {theirs[0]}, newer than attempt {attempt}: not "
+                    "replaced; this attempt ended and lives on only because its node lost contact, and stops writing"
+                )
             if old.exists():
                 files.remove_tree(old)
             os.rename(self.final_path, old)

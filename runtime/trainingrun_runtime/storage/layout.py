@@ -2,7 +2,8 @@
 
     <root>/<run>/
       owner.json        which attempt of which run may write here (`fence`)
-      tmp_step_N/       a save in progress; never a checkpoint (removed by the next save's begin, `commit`)
+      tmp_step_N.attempt_A/  attempt A's save in progress; never a checkpoint (removed by the next save's begin
+                        of attempt A or later, never by an older attempt's: `commit`; `tmp_step_N` from older versions)
       step_N/           a checkpoint iff its manifest verifies (`verification`)
         manifest.json                written last (`manifest`): every other file with its size and checksum
         data_plane/                  TransferQueue's snapshot (`dataplane.snapshot`)
@@ -11,6 +12,7 @@
         train_dataloader.pt          the loader place and the sampler cursor (`driver.checkpoints`)
       old_step_N/       the previous step_N while step N is saved again (`commit`)
       del_step_N/       a checkpoint being deleted by retention; never a checkpoint (`retention`)
+      orphan_step_N/    a step of an abandoned lineage, moved aside; never counted by retention, never loaded
 
 Standard library only.
 """
@@ -27,6 +29,7 @@ __all__ = [
     "DEL_PREFIX",
     "MANIFEST",
     "OLD_PREFIX",
+    "ORPHAN_PREFIX",
     "POLICY",
     "REPLAY_METADATA",
     "STEP_PREFIX",
@@ -37,6 +40,8 @@ __all__ = [
     "run_dir",
     "step_dirname",
     "step_of",
+    "tmp_attempt_of",
+    "tmp_dirname",
 ]
 
 MANIFEST: Final = "manifest.json"
@@ -49,10 +54,12 @@ STEP_PREFIX: Final = "step_"
 TMP_PREFIX: Final = "tmp_step_"
 OLD_PREFIX: Final = "old_step_"
 DEL_PREFIX: Final = "del_step_"
+ORPHAN_PREFIX: Final = "orphan_step_"
 
 _NUMBER = r"(0|[1-9][0-9]*)"
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}{_NUMBER}$")
 _OLD_RE = re.compile(rf"^{OLD_PREFIX}{_NUMBER}$")
+_TMP_RE = re.compile(rf"^{TMP_PREFIX}{_NUMBER}\.attempt_{_NUMBER}$")
 
 
 def step_dirname(step: int) -> str:
@@ -60,6 +67,23 @@ def step_dirname(step: int) -> str:
     if type(step) is not int or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     return f"{STEP_PREFIX}{step}"
+
+
+def tmp_dirname(step: int, attempt: int | None) -> str:
+    """`tmp_step_N.attempt_A`: where attempt A saves step N (`tmp_step_N` for a writer that names no attempt)."""
+    step_dirname(step)  # the same check of the step number
+    name = f"{TMP_PREFIX}{step}"
+    if attempt is None:
+        return name
+    if type(attempt) is not int or attempt < 0:
+        raise ValueError(f"attempt must be a non-negative int, got {attempt!r}")
+    return f"{name}.attempt_{attempt}"
+
+
+def tmp_attempt_of(name: str) -> int | None:
+    """A for a directory named `tmp_step_N.attempt_A`, else None (`tmp_step_N` of older versions included)."""
+    m = _TMP_RE.match(name)
+    return int(m.group(2)) if m else None
 
 
 def run_dir(root: str | os.PathLike[str], run: str) -> Path:
@@ -93,6 +117,8 @@ def candidates(run_path: Path) -> tuple[list[tuple[int, Path]], list[tuple[Path,
             skipped.append((path, "incomplete save (tmp_ directory never renamed)"))
         elif name.startswith(DEL_PREFIX):
             skipped.append((path, "being deleted by retention"))
+        elif name.startswith(ORPHAN_PREFIX):
+            skipped.append((path, "moved aside: newer than the step an attempt resumed from, and never recorded"))
         elif name.startswith(OLD_PREFIX):
             step = old_step_of(name)
             if step is not None and f"{STEP_PREFIX}{step}" not in present:

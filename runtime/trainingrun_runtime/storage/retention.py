@@ -1,7 +1,12 @@
 """Retention: keep the newest `keep_last` checkpoints, every `keep_every`-th and the protected ones; delete the rest.
 
 The newest valid checkpoint is never deleted, whatever the arguments. Deleting renames `step_N` to `del_step_N`
-first, so a crash mid-delete never leaves a partial `step_N`. Standard library only.
+first, so a crash mid-delete never leaves a partial `step_N`.
+
+Only the current lineage counts (`Lineage`): the steps at or below the one this attempt resumed from, and the
+steps it wrote itself. A step on disk above the resume point that this attempt did not write (an older lineage's,
+left by pinning `resume.step` below it, a changed `savePeriod`, a stale notice checkpoint) is neither counted
+nor deleted: counting it would make the step just committed look old enough to delete. Standard library only.
 """
 
 from __future__ import annotations
@@ -9,23 +14,42 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import files, layout, verification
 
-__all__ = ["RetentionResult", "apply_retention"]
+__all__ = ["Lineage", "RetentionResult", "apply_retention"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+class Lineage:
+    """The steps one attempt's retention may count: those at or below `resumed_from`, and those in `written`."""
+
+    resumed_from: int | None
+    """The step this attempt restored (None: a fresh start, so no step before it is its lineage's)."""
+    written: frozenset[int]
+    """The steps this attempt committed."""
+
+    def __contains__(self, step: object) -> bool:
+        if step in self.written:
+            return True
+        return isinstance(step, int) and self.resumed_from is not None and step <= self.resumed_from
+
+
+@dataclasses.dataclass(frozen=True)
 class RetentionResult:
-    """What `apply_retention` kept and deleted (paths of step_N directories, oldest first)."""
+    """What `apply_retention` kept and deleted (paths of step_N directories, oldest first).
+
+    `kept` includes the steps outside the lineage, which are never deleted; `outside` lists those alone.
+    """
 
     kept: list[Path]
     deleted: list[Path]
+    outside: list[Path] = dataclasses.field(default_factory=list)
 
 
 def apply_retention(
@@ -36,10 +60,15 @@ def apply_retention(
     *,
     verified: str | os.PathLike[str] | None = None,
     protect: Collection[int] = (),
+    lineage: Lineage | None = None,
+    guard: Callable[[str], None] | None = None,
 ) -> RetentionResult:
     """Keep the newest `keep_last` valid checkpoints and every step divisible by `keep_every`; delete the rest.
 
-    Steps in `protect` are kept too (the driver passes the step the operator would resume from).
+    Steps in `protect` are kept too (the driver passes the step the operator would resume from). With a
+    `lineage`, only its steps (and the `verified` one) are counted or deleted; None counts every step on disk
+    (a directory that one lineage has written throughout). `guard` (the fence) runs right before anything is
+    deleted, after the slow part (verification), and may raise to stop it.
 
     The newest valid checkpoint is found like `discover` does (full checksums, newest first),
     except that the step directory passed as `verified` (the path `commit()` just returned,
@@ -55,20 +84,29 @@ def apply_retention(
     run_path = layout.run_dir(root, run)
     if not run_path.is_dir():
         return RetentionResult(kept=[], deleted=[])
-    steps = sorted(
+    trusted = None if verified is None else Path(verified).resolve()
+    on_disk = sorted(
         ((s, run_path / n) for n in os.listdir(run_path) if (s := layout.step_of(n)) is not None), reverse=True
     )
-    newest = _newest_valid(steps, run, None if verified is None else Path(verified).resolve())
+    steps = [(s, p) for s, p in on_disk if lineage is None or s in lineage or p.resolve() == trusted]
+    outside = [p for s, p in reversed(on_disk) if (s, p) not in steps]
+    if outside:
+        log.info("retention in %s: %s not of this lineage, not counted", run_path, [p.name for p in outside])
+    newest = _newest_valid(steps, run, trusted)
     if newest is None:
-        return RetentionResult(kept=[p for _, p in reversed(steps)], deleted=[])
+        return RetentionResult(kept=[p for _, p in reversed(on_disk)], deleted=[], outside=outside)
     valid = [s for s, p in steps if s == newest or (s < newest and verification.looks_valid(p, run))]
     keep = set(valid[: max(keep_last, 1)]) | set(protect)
     if keep_every is not None:
         keep |= {s for s in valid if s % keep_every == 0}
     doomed = [(s, p) for s, p in reversed(steps) if s not in keep and s < newest]
+    if doomed and guard is not None:
+        guard("apply retention")  # it could delete the step a newer attempt restored from
     _delete(run_path, doomed)
     gone = {s for s, _ in doomed}
-    return RetentionResult(kept=[p for s, p in reversed(steps) if s not in gone], deleted=[p for _, p in doomed])
+    return RetentionResult(
+        kept=[p for s, p in reversed(on_disk) if s not in gone], deleted=[p for _, p in doomed], outside=outside
+    )
 
 
 def _newest_valid(steps: list[tuple[int, Path]], run: str, trusted: Path | None) -> int | None:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from trainingrun_runtime.errors import Superseded
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import MANIFEST
-from trainingrun_runtime.storage.retention import apply_retention
-from trainingrun_runtime.storage.verification import discover
+from trainingrun_runtime.storage.retention import Lineage, apply_retention
+from trainingrun_runtime.storage.verification import discover, verify
 
 RUN = "demo"
 
@@ -111,3 +112,52 @@ def test_a_protected_step_is_kept_beside_the_newest(root: Path) -> None:
         save(root, step)
     apply_retention(root, RUN, keep_last=1, protect=(4,))
     assert steps_on_disk(root) == [4, 8]
+
+
+def test_a_resumed_attempt_keeps_the_step_it_committed_below_an_older_lineage(root: Path) -> None:
+    # Steps 30-50 of an older lineage (resume.step pinned at 10 below them); the resumed attempt commits 20.
+    for step in (10, 30, 40, 50):
+        save(root, step)
+    committed = save(root, 20)
+    result = apply_retention(
+        root, RUN, keep_last=3, verified=committed, lineage=Lineage(resumed_from=10, written=frozenset({20}))
+    )
+    assert steps_on_disk(root) == [10, 20, 30, 40, 50]
+    assert result.deleted == []
+    assert [p.name for p in result.outside] == ["step_30", "step_40", "step_50"]
+    assert verify(committed, run=RUN).step == 20
+
+
+def test_retention_counts_only_the_lineage_and_deletes_within_it(root: Path) -> None:
+    for step in (5, 10, 30, 40):
+        save(root, step)
+    save(root, 15)
+    committed = save(root, 20)
+    apply_retention(
+        root, RUN, keep_last=1, verified=committed, lineage=Lineage(resumed_from=10, written=frozenset({15, 20}))
+    )
+    assert steps_on_disk(root) == [20, 30, 40]
+
+
+def test_a_fresh_start_counts_nothing_it_did_not_write(root: Path) -> None:
+    for step in (1, 2):
+        save(root, step)
+    committed = save(root, 3)
+    apply_retention(root, RUN, keep_last=1, verified=committed, lineage=Lineage(resumed_from=None, written=frozenset()))
+    assert steps_on_disk(root) == [1, 2, 3]
+
+
+def test_the_guard_runs_after_verification_and_before_anything_is_deleted(root: Path) -> None:
+    for step in range(1, 5):
+        save(root, step)
+
+    def superseded(doing: str) -> None:
+        assert doing == "apply retention"
+        raise Superseded("a newer attempt owns the directory")
+
+    with pytest.raises(Superseded):
+        apply_retention(root, RUN, keep_last=1, guard=superseded)
+    assert steps_on_disk(root) == [1, 2, 3, 4]
+    calls: list[str] = []
+    apply_retention(root, RUN, keep_last=1, guard=calls.append)
+    assert (calls, steps_on_disk(root)) == (["apply retention"], [4])
