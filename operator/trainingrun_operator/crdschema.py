@@ -24,7 +24,9 @@ class, which applies them; the descriptions say them), so the stored object hold
 
 Anything the converter does not know (a new kind of field in the config) raises ValueError naming the field: the
 sync script then fails instead of writing a schema that checks less than the model. A plain string field must say
-its maximum length (`max_length`), so no string under `spec` is unbounded.
+its maximum length (`max_length`), and a number both of its bounds (`ge` or `gt`, `le` or `lt`), so no string and no
+number under `spec` is unbounded (a deadline of 10**12 seconds is refused at admission, not in the arithmetic);
+a bound is at most 2**53 (the API server compares with it as a float64: 2**63 - 1 would round past int64).
 """
 
 from __future__ import annotations
@@ -94,6 +96,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], where: str) -> dict[str
             out[bound], out[exclusive] = node[exclusive], True
     if kind == "string" and "enum" not in out and "maxLength" not in out:
         raise ValueError(f"{where}: a string field needs a max_length (no string under spec is unbounded)")
+    if any(abs(out.get(bound, 0)) > 2**53 for bound in ("minimum", "maximum")):
+        raise ValueError(f"{where}: a bound past 2**53 is not exact as the float64 the API server compares with")
+    if kind in ("integer", "number") and not ("minimum" in out and "maximum" in out):
+        raise ValueError(
+            f"{where}: a number field needs both bounds, ge or gt and le or lt (no number under spec is unbounded)"
+        )
     if kind == "object":
         properties = node.get("properties", {})
         out["properties"] = {name: _convert(child, defs, f"{where}.{name}") for name, child in properties.items()}

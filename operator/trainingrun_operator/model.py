@@ -8,6 +8,12 @@ The models mirror `manifests/crd/trainingrun.dev_trainingruns.yaml` field by fie
 snake_case in Python), with `extra="forbid"` so a typo or a field the CRD does not know is an error that
 names the field. `tests/unit/operator/test_crd.py` fails when the CRD and these models disagree.
 Defaults here equal the CRD's defaults; the API server applies the CRD's, these apply in local mode.
+
+Every number, string, map and list under `spec` is bounded, here and in the CRD: generous bounds (a duration of
+`MAX_SECONDS`, `MAX_REPLICAS` pods in a group, `config.MAX_STEPS` steps) that no run needs to pass, but finite, so a
+value such as a deadline of 10**12 seconds is refused naming its field instead of breaking the arithmetic of every
+pass. The status is bounded the other way: what the operator copies into it from elsewhere (KubeRay's and the pods'
+messages) is a `Message`, cut to `MESSAGE_CHARS` when it is written.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
     StringConstraints,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -26,11 +34,19 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from trainingrun_runtime.config import MAX_STEPS
+
 __all__ = [
     "API_VERSION",
     "GROUP",
     "HEAD_GRACE_SECONDS",
     "KIND",
+    "MAX_BUDGET",
+    "MAX_INT_QUANTITY",
+    "MAX_REPLICAS",
+    "MAX_SECONDS",
+    "MAX_TOLERATION_SECONDS",
+    "MESSAGE_CHARS",
     "PLURAL",
     "QUANTITY_PATTERN",
     "SIZE_PATTERN",
@@ -42,6 +58,7 @@ __all__ = [
     "CheckpointsStatus",
     "Condition",
     "Identity",
+    "Message",
     "ObjectMeta",
     "PVCSource",
     "ProgressRate",
@@ -72,6 +89,32 @@ QUANTITY_PATTERN = (
 )
 """A Kubernetes quantity written as a string (`500m`, `4Gi`, `1e3`), as the API server's own schemas check it."""
 
+MAX_SECONDS = 30 * 24 * 3600
+"""The longest duration under spec (a deadline, a backoff, a bound on waiting): 30 days."""
+MAX_REPLICAS = 1000
+"""The most pods in one worker group."""
+MAX_BUDGET = 1_000_000
+"""The largest restart budget (preemptions, consecutive failures): a million, which no run reaches."""
+MAX_INT_QUANTITY = 2**50
+"""The largest quantity written as an integer (1Pi bytes of memory); a larger one is written with a suffix, as a
+string (`4Pi`)."""
+MAX_TOLERATION_SECONDS = 365 * 24 * 3600
+"""The longest a toleration of NoExecute keeps a pod on a tainted node: a year."""
+
+MESSAGE_CHARS = 1024
+"""The longest message the operator writes into the status; a longer one (KubeRay's, a pod's) is cut, marked."""
+_CUT = " ...[truncated]"
+
+
+def _bounded(text: str) -> str:
+    """`text` if it is at most MESSAGE_CHARS long, else its start with a mark that it was cut, MESSAGE_CHARS long."""
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - len(_CUT)] + _CUT
+
+
+Message = Annotated[str, AfterValidator(_bounded), PlainSerializer(_bounded, return_type=str)]
+"""A status message: cut to MESSAGE_CHARS when it is read and when it is written (a copy made with `model_copy`
+is not validated again, so the wire form is cut too)."""
+
 
 def _in_words(words: str) -> WrapValidator:
     """One problem in the CRD's words instead of pydantic's (one per branch of a union: `cpu.int`, `cpu.str`)."""
@@ -86,8 +129,12 @@ def _in_words(words: str) -> WrapValidator:
 
 
 Quantity = Annotated[
-    int | Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY_PATTERN)],
-    _in_words("must be a Kubernetes quantity: an integer, or a string like 500m, 4Gi or 1e3 of at most 64 characters"),
+    Annotated[int, Field(ge=0, le=MAX_INT_QUANTITY)]
+    | Annotated[str, StringConstraints(max_length=64, pattern=QUANTITY_PATTERN)],
+    _in_words(
+        f"must be a Kubernetes quantity: an integer from 0 to {MAX_INT_QUANTITY}, or a string like 500m, 4Gi or 1e3 of "
+        "at most 64 characters"
+    ),
 ]
 ResourceName = Annotated[
     str,
@@ -101,7 +148,7 @@ LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=r"^(([A-Za-
 RayStartParams = dict[str, Annotated[str, StringConstraints(max_length=4096)]]
 SIZE_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
 """A size in bytes as a Kubernetes quantity (`8Gi`, `500M`, `1e9`); the CRD's shmSize has the same pattern."""
-ShmSize = Annotated[int, Field(ge=1)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
+ShmSize = Annotated[int, Field(ge=1, le=MAX_INT_QUANTITY)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]
 
 
 class _Wire(BaseModel):
@@ -136,7 +183,7 @@ class Toleration(_Wire):
     operator: Literal["Exists", "Equal"] | None = None
     value: str | None = Field(default=None, max_length=63)
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, le=MAX_TOLERATION_SECONDS)
 
 
 HEAD_GRACE_SECONDS = 30
@@ -163,7 +210,7 @@ class WorkerGroup(_Wire):
     """A worker group: `replicas` identical pods that run generation workers only (losing one costs no restart)."""
 
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
     resources: Resources | None = None
     ray_start_params: RayStartParams | None = Field(default=None, max_length=64)
     node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64)
@@ -193,8 +240,8 @@ class PVCSource(_Wire):
 class Retention(_Wire):
     """Which checkpoints the driver keeps: the newest `keep_last`, plus every multiple of `keep_every`."""
 
-    keep_last: int = Field(default=3, ge=1)
-    keep_every: int | None = Field(default=None, ge=1)
+    keep_last: int = Field(default=3, ge=1, le=MAX_STEPS)
+    keep_every: int | None = Field(default=None, ge=1, le=MAX_STEPS)
 
 
 class CheckpointSpec(_Wire):
@@ -202,7 +249,7 @@ class CheckpointSpec(_Wire):
 
     pvc: PVCSource
     path: str = Field("", max_length=200, pattern=r"^$|^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
-    save_period: int = Field(ge=1)
+    save_period: int = Field(ge=1, le=MAX_STEPS)
     retention: Retention = Field(default_factory=Retention)
 
 
@@ -210,7 +257,7 @@ class ResumeSpec(_Wire):
     """Where the first attempt resumes from: the newest checkpoint (`latest`) or a pinned `step`."""
 
     policy: Literal["latest", "step"] = "latest"
-    step: int | None = Field(default=None, ge=0)
+    step: int | None = Field(default=None, ge=0, le=MAX_STEPS)
 
     @model_validator(mode="after")
     def _step_iff_pinned(self) -> ResumeSpec:
@@ -222,9 +269,9 @@ class ResumeSpec(_Wire):
 class Backoff(_Wire):
     """Delay before a restart after a failure: initial * factor**(n-1), capped at max."""
 
-    initial_seconds: float = Field(default=10.0, ge=0)
-    max_seconds: float = Field(default=300.0, ge=0)
-    factor: float = Field(default=2.0, ge=1)
+    initial_seconds: float = Field(default=10.0, ge=0, le=MAX_SECONDS)
+    max_seconds: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
+    factor: float = Field(default=2.0, ge=1, le=100)
 
     @model_validator(mode="after")
     def _cap_above_initial(self) -> Backoff:
@@ -237,17 +284,17 @@ class RestartPolicy(_Wire):
     """Separate budgets for preemptions (default unlimited) and consecutive failures (default 3), the bounds on
     a lost worker's replacement and on a head whose node stopped reporting, and the stall watchdog's deadlines."""
 
-    preemption_budget: int | None = Field(default=None, ge=1)
-    failure_budget: int = Field(default=3, ge=1)
+    preemption_budget: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
+    failure_budget: int = Field(default=3, ge=1, le=MAX_BUDGET)
     backoff: Backoff = Field(default_factory=Backoff)
-    worker_replacement_seconds: float = Field(default=300.0, ge=0)
+    worker_replacement_seconds: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
     """The driver's bound without any generation worker (runtime `generation.replacementSeconds`)."""
-    node_not_ready_seconds: float = Field(default=60.0, ge=0)
+    node_not_ready_seconds: float = Field(default=60.0, ge=0, le=MAX_SECONDS)
     """How long a head on a NotReady node may stay before the attempt ends (`classification`)."""
-    progress_deadline_seconds: float | None = Field(default=None, ge=0)
+    progress_deadline_seconds: float | None = Field(default=None, ge=0, le=MAX_SECONDS)
     """The longest a Running attempt's driver may go without reporting a new step before the attempt ends as
     Stalled (`watchdog`); unset or 0: no watchdog."""
-    startup_deadline_seconds: float = Field(default=600.0, ge=0)
+    startup_deadline_seconds: float = Field(default=600.0, ge=0, le=MAX_SECONDS)
     """With the watchdog on: the longest from the attempt reaching Running to its driver's first report (Ray
     start, restore, the first step); 0: no bound before the first report."""
 
@@ -310,7 +357,7 @@ class Condition(_Wire):
     type: str
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
-    message: str | None = None
+    message: Message | None = None
     last_transition_time: str | None = None
     observed_generation: int | None = None
 
@@ -336,7 +383,7 @@ class AttemptRecord(_Wire):
     end: str | None = None
     resumed_from: int | None = None
     reason: str | None = None
-    message: str | None = None
+    message: Message | None = None
     steps_lost: int | None = None
     workers_lost: int | None = Field(default=None, ge=0)
     lost_worker_pods: list[str] | None = Field(default=None, max_length=100)
@@ -376,7 +423,7 @@ class TrainingRunStatus(_Wire):
 
     phase: Phase | None = None
     reason: str | None = None
-    message: str | None = None
+    message: Message | None = None
     observed_generation: int | None = None
     start_time: str | None = None
     completion_time: str | None = None

@@ -13,6 +13,10 @@ must not pull in torch or ray.
 JSON keys are accepted in camelCase (`savePeriod`) or snake_case (`save_period`);
 unknown keys are an error that names the field (`extra="forbid"`).
 
+Every number has an upper bound as well as a lower one, generous but finite (`MAX_STEPS` for a count of steps,
+the widths of a model far larger than this one): the CRD's `spec.trainer` schema is generated from these fields
+(`trainingrun_operator.crdschema`), so the API server refuses at admission a value no run could use.
+
 The config hash covers ONLY the math-relevant fields, listed in `MATH_FIELDS`:
 
     trainer.model     trainer.task     trainer.grpo     trainer.sampler
@@ -36,6 +40,8 @@ from pydantic.alias_generators import to_camel
 __all__ = [
     "GENERATION_RESOURCE",
     "MATH_FIELDS",
+    "MAX_SEED",
+    "MAX_STEPS",
     "CheckpointConfig",
     "GRPOConfig",
     "GenerationConfig",
@@ -61,6 +67,14 @@ class _Model(BaseModel):
     )
 
 
+MAX_STEPS = 10**9
+"""The largest count of training steps anywhere in a run's configuration (steps, periods, staleness, prompts in a
+dataset): a billion, far past any run, and an exact integer in every JSON reader."""
+MAX_SEED = 2**53 - 1
+"""The largest seed (seeds are hashed, so any value serves): the largest integer a float64 holds exactly, as the API
+server holds a schema's bounds (2**63 - 1, rounded up to 2**63, would refuse every seed)."""
+
+
 def _cel_heads_divide_width(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     """`_heads_divide_width` in CEL, for the CRD (trainingrun_operator.crdschema): the API server checks it at
     admission. An absent field has its default here, which the rule reads from the model."""
@@ -79,10 +93,12 @@ class ModelConfig(_Model):
 
     model_config = ConfigDict(json_schema_extra=_cel_heads_divide_width)
 
-    d_model: int = Field(default=64, ge=8, description="Width of the residual stream. Default 64.")
-    n_layers: int = Field(default=2, ge=1, description="Number of transformer blocks. Default 2.")
-    n_heads: int = Field(default=4, ge=1, description="Attention heads per block; must divide dModel. Default 4.")
-    d_ff: int = Field(default=128, ge=8, description="Hidden width of each block's MLP. Default 128.")
+    d_model: int = Field(default=64, ge=8, le=16384, description="Width of the residual stream. Default 64.")
+    n_layers: int = Field(default=2, ge=1, le=1024, description="Number of transformer blocks. Default 2.")
+    n_heads: int = Field(
+        default=4, ge=1, le=1024, description="Attention heads per block; must divide dModel. Default 4."
+    )
+    d_ff: int = Field(default=128, ge=8, le=65536, description="Hidden width of each block's MLP. Default 128.")
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
@@ -106,6 +122,7 @@ class TaskConfig(_Model):
     dataset_size: int = Field(
         default=4096,
         ge=1,
+        le=MAX_STEPS,
         description=("Number of distinct prompts in one epoch; prompt i is derived from (seed, i). Default 4096."),
     )
 
@@ -116,29 +133,35 @@ _Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 class GRPOConfig(_Model):
     """Group Relative Policy Optimisation: G samples per prompt, advantages normalised within the group."""
 
-    group_size: int = Field(default=8, ge=2, description="Completions sampled per prompt (G). Default 8.")
-    clip_eps: float = Field(default=0.2, gt=0.0, description="PPO ratio clip epsilon. Default 0.2.")
+    group_size: int = Field(default=8, ge=2, le=1024, description="Completions sampled per prompt (G). Default 8.")
+    clip_eps: float = Field(default=0.2, gt=0.0, le=10.0, description="PPO ratio clip epsilon. Default 0.2.")
     kl_coef: float | None = Field(
         default=None,
         ge=0.0,
+        le=1000.0,
         description=(
             "Weight of the KL penalty to the initial policy (k3 estimator); null disables it and "
             "no reference model is kept. Default null."
         ),
     )
-    lr: float = Field(default=3e-3, gt=0.0, description="Adam learning rate (constant). Default 3e-3.")
+    lr: float = Field(default=3e-3, gt=0.0, le=10.0, description="Adam learning rate (constant). Default 3e-3.")
     adam_betas: tuple[_Beta, _Beta] = Field(
         default=(0.9, 0.99), description="Adam betas, each in [0, 1) (as torch requires). Default [0.9, 0.99]."
     )
-    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay. Default 0.0.")
-    max_grad_norm: float = Field(default=1.0, gt=0.0, description="Global gradient-norm clip. Default 1.0.")
-    temperature: float = Field(default=1.0, gt=0.0, description="Sampling temperature of the generators. Default 1.0.")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=10.0, description="AdamW weight decay. Default 0.0.")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1e6, description="Global gradient-norm clip. Default 1.0.")
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=100.0, description="Sampling temperature of the generators. Default 1.0."
+    )
     updates_per_batch: int = Field(
         default=1,
         ge=1,
+        le=1000,
         description="Optimizer steps taken on each batch (PPO epochs); >1 makes the clip bite. Default 1.",
     )
-    adv_eps: float = Field(default=1e-4, gt=0.0, description="Added to the group std before dividing. Default 1e-4.")
+    adv_eps: float = Field(
+        default=1e-4, gt=0.0, le=1.0, description="Added to the group std before dividing. Default 1e-4."
+    )
 
 
 class SamplerConfig(_Model):
@@ -156,6 +179,7 @@ class SamplerConfig(_Model):
     max_staleness: int = Field(
         default=1,
         ge=0,
+        le=MAX_STEPS,
         description=(
             "`async` only: a group generated by policy version v may train at version t when "
             "t - v <= max_staleness; older groups are dropped and their prompts redispatched. Default 1."
@@ -173,14 +197,22 @@ class TrainerConfig(_Model):
         default=SamplerConfig(), description="Which groups a step trains on. Defaults as SamplerConfig."
     )
     steps: int = Field(
-        default=200, ge=1, description="Training steps (optimizer updates of the policy version). Default 200."
+        default=200,
+        ge=1,
+        le=MAX_STEPS,
+        description="Training steps (optimizer updates of the policy version). Default 200.",
     )
-    prompts_per_step: int = Field(default=8, ge=1, description="Prompts (groups) trained per step. Default 8.")
-    generation_workers: int = Field(default=2, ge=1, description="Ray generation actors. Default 2.")
+    prompts_per_step: int = Field(
+        default=8, ge=1, le=100_000, description="Prompts (groups) trained per step. Default 8."
+    )
+    generation_workers: int = Field(default=2, ge=1, le=1000, description="Ray generation actors. Default 2.")
     seed: int = Field(
-        default=0, ge=0, description="Root of every random draw (init, prompts, shuffles, samples). Default 0."
+        default=0,
+        ge=0,
+        le=MAX_SEED,
+        description="Root of every random draw (init, prompts, shuffles, samples). Default 0.",
     )
-    log_every: int = Field(default=10, ge=1, description="Log a progress line every N steps. Default 10.")
+    log_every: int = Field(default=10, ge=1, le=MAX_STEPS, description="Log a progress line every N steps. Default 10.")
 
 
 class CheckpointConfig(_Model):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import datetime
 import functools
 import importlib.util
 import json
@@ -21,7 +23,8 @@ import pydantic
 import pytest
 import yaml
 
-from trainingrun_operator import model
+from trainingrun_operator import decision, model, patching
+from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
 from trainingrun_runtime.config import RuntimeConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -121,14 +124,18 @@ def test_every_status_column_points_at_a_field_the_status_declares_with_the_colu
 
 def test_restart_policy_bounds_worker_replacement_a_not_ready_head_node_and_stalls_with_defaults() -> None:
     policy = _schema()["properties"]["spec"]["properties"]["restartPolicy"]["properties"]
+    month = 30 * 24 * 3600
     assert {
-        k: (policy[k]["type"], policy[k]["minimum"], policy[k].get("default")) for k in policy if k.endswith("Seconds")
+        k: (policy[k]["type"], policy[k]["minimum"], policy[k]["maximum"], policy[k].get("default"))
+        for k in policy
+        if k.endswith("Seconds")
     } == {
-        "workerReplacementSeconds": ("number", 0, 300),
-        "nodeNotReadySeconds": ("number", 0, 60),
-        "progressDeadlineSeconds": ("number", 0, None),  # unset: no stall watchdog
-        "startupDeadlineSeconds": ("number", 0, 600),
+        "workerReplacementSeconds": ("number", 0, month, 300),
+        "nodeNotReadySeconds": ("number", 0, month, 60),
+        "progressDeadlineSeconds": ("number", 0, month, None),  # unset: no stall watchdog
+        "startupDeadlineSeconds": ("number", 0, month, 600),
     }
+    assert model.MAX_SECONDS == month
 
 
 def test_the_ray_groups_say_which_runs_the_state_and_which_only_generation() -> None:
@@ -266,6 +273,10 @@ def test_example_validates_against_the_crd_schema_the_model_and_the_runtime_conf
         (lambda s: s.__setitem__("resume", {"policy": "step", "step": -1}), "step"),
         (lambda s: s["ray"]["head"].__setitem__("resources", {"requests": {"cpu": 1.5}}), "cpu"),
         (lambda s: s.__delitem__("image"), "image"),
+        (lambda s: s.__setitem__("restartPolicy", {"progressDeadlineSeconds": 10**12}), "progressDeadlineSeconds"),
+        (lambda s: s.__setitem__("restartPolicy", {"backoff": {"initialSeconds": 10**12}}), "initialSeconds"),
+        (lambda s: s["ray"].__setitem__("workers", [{"name": "gen", "replicas": 10**6}]), "replicas"),
+        (lambda s: s["ray"]["head"].__setitem__("resources", {"limits": {"memory": 2**60}}), "memory"),
     ],
 )
 def test_crd_schema_rejects_a_malformed_spec(
@@ -399,23 +410,55 @@ def test_the_model_checks_every_bound_the_crd_schema_declares_on_the_spec() -> N
     assert _bound_mismatches(_schema()["properties"]["spec"], mine, mine.get("$defs", {}), "spec") == []
 
 
-def test_every_string_map_and_list_under_spec_is_bounded_but_in_the_pod_templates() -> None:
-    """The pod templates are KubeRay's PodTemplateSpec schema as generated (Kubernetes bounds none of its strings in
-    the schema; the Pod validation does when the pods are made)."""
-    unbounded = []
-    for path, node in _walk(_schema()["properties"]["spec"], "spec"):
+def _unbounded(root: dict[str, Any], at: str, *, numbers: bool) -> list[str]:
+    """Every string without maxLength (an enum bounds itself), map without maxProperties and list without maxItems
+    under `root`; with `numbers`, also every integer or number (an int-or-string included) without a minimum and a
+    maximum; and every bound past 2**53 (the API server compares with a bound as a float64). Not the pod templates:
+    KubeRay's PodTemplateSpec schema as generated (Kubernetes bounds none of its strings in the schema; the Pod
+    validation does when the pods are made)."""
+    found = []
+    for path, node in _walk(root, at):
         if ".template" in path:
             continue
-        kind = node.get("type")
-        if kind == "string" and "maxLength" not in node and "enum" not in node:
-            unbounded.append(f"{path}: a string without maxLength")
-        if node.get("x-kubernetes-int-or-string") and "maxLength" not in node:
-            unbounded.append(f"{path}: an int-or-string without maxLength")
+        kind, either = node.get("type"), node.get("x-kubernetes-int-or-string")
+        if (kind == "string" or either) and "maxLength" not in node and "enum" not in node:
+            found.append(f"{path}: a string without maxLength")
+        if numbers and (kind in ("integer", "number") or either) and not {"minimum", "maximum"} <= set(node):
+            found.append(f"{path}: a number without minimum and maximum")
+        if any(abs(node.get(bound, 0)) > 2**53 for bound in ("minimum", "maximum")):
+            found.append(f"{path}: a bound past 2**53, which the API server's float64 does not hold exactly")
         if kind == "object" and isinstance(node.get("additionalProperties"), dict) and "maxProperties" not in node:
-            unbounded.append(f"{path}: a map without maxProperties")
+            found.append(f"{path}: a map without maxProperties")
         if kind == "array" and "maxItems" not in node:
-            unbounded.append(f"{path}: a list without maxItems")
-    assert unbounded == []
+            found.append(f"{path}: a list without maxItems")
+    return found
+
+
+def test_every_number_string_map_and_list_under_spec_is_bounded_but_in_the_pod_templates() -> None:
+    assert _unbounded(_schema()["properties"]["spec"], "spec", numbers=True) == []
+
+
+def test_every_string_and_list_of_the_status_is_bounded_and_a_copied_message_fits_its_bound() -> None:
+    """The status's numbers are the operator's and the driver's own counts (steps, attempts), bounded by the spec's."""
+    status = _schema()["properties"]["status"]
+    assert _unbounded(status, "status", numbers=False) == []
+    messages = [status["properties"]["message"], status["properties"]["attempt"]["properties"]["message"]]
+    messages.append(status["properties"]["conditions"]["items"]["properties"]["message"])
+    assert [m["maxLength"] for m in messages] == [model.MESSAGE_CHARS] * 3
+
+
+def test_the_bound_walk_finds_a_field_without_a_bound() -> None:
+    """The walk above proves something: a new field without a bound, at any depth, fails it."""
+    spec = copy.deepcopy(_schema()["properties"]["spec"])
+    restart = spec["properties"]["restartPolicy"]["properties"]
+    restart["newSeconds"] = {"type": "number", "minimum": 0}
+    restart["backoff"]["properties"]["label"] = {"type": "string"}
+    spec["properties"]["ray"]["properties"]["workers"]["items"]["properties"]["names"] = {"type": "array"}
+    assert _unbounded(spec, "spec", numbers=True) == [
+        "spec.ray.workers[].names: a list without maxItems",
+        "spec.restartPolicy.backoff.label: a string without maxLength",
+        "spec.restartPolicy.newSeconds: a number without minimum and maximum",
+    ]
 
 
 def test_quantities_use_kubernetes_int_or_string_and_quantity_pattern() -> None:
@@ -428,3 +471,41 @@ def test_quantities_use_kubernetes_int_or_string_and_quantity_pattern() -> None:
     refused = ["lots", "1GB", "2 Gi", "1.5.2", "0x10", "1e", "Gi", ""]
     assert all(re.fullmatch(model.QUANTITY_PATTERN, q) for q in accepted)
     assert not any(re.fullmatch(model.QUANTITY_PATTERN, q) for q in refused)
+
+
+# ------------------------------------------------------------------------------------------ status messages
+
+
+def test_a_long_kuberay_message_is_cut_in_the_status_with_a_mark_and_the_status_passes_the_crd(
+    openapi_to_jsonschema: Callable[..., Any],
+) -> None:
+    """KubeRay copies the job's message (a driver's traceback, say) unbounded; the operator cuts what it copies."""
+    (doc,) = _training_runs("tiny.yaml")
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    now = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
+    status: dict[str, Any] = {}
+
+    def decide(observed: AttemptObservation | None) -> None:
+        inputs = decision.Inputs("tiny", "ns", 1, spec, model.TrainingRunStatus.model_validate(status), observed, now)
+        status.update(patching.apply(status, decision.decide(inputs).patch))
+
+    job = RayJobObservation(name="tiny-a1", deployment_status="Running", job_status="RUNNING")
+    head = PodObservation(name="tiny-a1-head", node_type="head", phase="Running", node_ready=True)
+    decide(None)
+    decide(AttemptObservation(number=1, rayjob=job, pods=(head,)))
+    traceback = "Traceback (most recent call last):\n" + '  File "driver.py", line 1, in <module>\n' * 10_000
+    failed = dataclasses.replace(job, deployment_status="Failed", job_status="FAILED", message=traceback)
+    decide(AttemptObservation(number=1, rayjob=failed))
+    assert status["phase"] == "Restarting"
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    messages = [status["message"], status["attempts"][-1]["message"], running["message"]]
+    assert all(len(m) == model.MESSAGE_CHARS and m.endswith("...[truncated]") for m in messages)
+    assert status["attempts"][-1]["message"].startswith("the Ray job failed: Traceback (most recent call last):")
+    _validate({**doc, "status": status}, openapi_to_jsonschema)
+
+
+def test_a_message_within_the_bound_is_kept_whole() -> None:
+    exact = "x" * model.MESSAGE_CHARS
+    assert model.AttemptRecord(number=1, message=exact).wire()["message"] == exact
+    copied = model.AttemptRecord(number=1).model_copy(update={"message": exact + "y"})
+    assert copied.wire()["message"] == "x" * (model.MESSAGE_CHARS - 15) + " ...[truncated]"

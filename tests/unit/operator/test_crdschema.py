@@ -25,11 +25,11 @@ SCHEMA = crdschema.trainer_schema()
 @pytest.mark.parametrize(
     ("field", "expected"),
     [
-        ("steps", {"type": "integer", "minimum": 1}),
-        ("seed", {"type": "integer", "minimum": 0}),
+        ("steps", {"type": "integer", "minimum": 1, "maximum": 10**9}),
+        ("seed", {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}),
         ("task.digits", {"type": "integer", "minimum": 2, "maximum": 64}),
-        ("grpo.lr", {"type": "number", "minimum": 0.0, "exclusiveMinimum": True}),
-        ("grpo.klCoef", {"type": "number", "minimum": 0.0, "nullable": True}),
+        ("grpo.lr", {"type": "number", "minimum": 0.0, "exclusiveMinimum": True, "maximum": 10.0}),
+        ("grpo.klCoef", {"type": "number", "minimum": 0.0, "maximum": 1000.0, "nullable": True}),
         ("sampler.kind", {"type": "string", "enum": ["in_order", "async"]}),
         ("task.kind", {"type": "string", "enum": ["reverse", "copy", "increment"]}),
         (
@@ -85,6 +85,18 @@ class _Unbounded(pydantic.BaseModel):
     name: str
 
 
+class _NoMaximum(pydantic.BaseModel):
+    count: int = pydantic.Field(default=1, ge=1)
+
+
+class _NoMinimum(pydantic.BaseModel):
+    seconds: float = pydantic.Field(default=1.0, le=60)
+
+
+class _PastFloat(pydantic.BaseModel):
+    seed: int = pydantic.Field(default=0, ge=0, le=2**63 - 1)
+
+
 class _Union(pydantic.BaseModel):
     value: int | str = 0
 
@@ -98,7 +110,14 @@ class _Fine(pydantic.BaseModel):
 
 
 @pytest.mark.parametrize(
-    ("model", "words"), [(_Unbounded, "_Unbounded.name: a string field needs a max_length"), (_Union, "unions")]
+    ("model", "words"),
+    [
+        (_Unbounded, "_Unbounded.name: a string field needs a max_length"),
+        (_NoMaximum, "_NoMaximum.count: a number field needs both bounds"),
+        (_NoMinimum, "_NoMinimum.seconds: a number field needs both bounds"),
+        (_PastFloat, "_PastFloat.seed: a bound past 2\\*\\*53"),
+        (_Union, "unions"),
+    ],
 )
 def test_a_field_the_converter_cannot_check_as_the_model_does_stops_the_generation(
     model: type[pydantic.BaseModel], words: str

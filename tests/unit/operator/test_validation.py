@@ -5,13 +5,17 @@ RuntimeConfig in both."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime
 import pathlib
 from typing import Any
 
 import pytest
 import yaml
 
-from trainingrun_operator import model, validation
+from trainingrun_operator import decision, model, patching, restarts, validation, watchdog
+from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 
@@ -175,3 +179,83 @@ def test_the_local_backend_runs_generation_beside_the_driver_whatever_the_worker
     spec = model.TrainingRunSpec.model_validate(doc["spec"])
     assert validation.runtime_config(spec).generation.on_worker_groups
     assert not validation.runtime_config(spec, local=True).generation.on_worker_groups
+
+
+# ------------------------------------------------------------------------------------------ bounds
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"restartPolicy": {"progressDeadlineSeconds": 10**12}}, "spec.restartPolicy.progressDeadlineSeconds"),
+        ({"restartPolicy": {"backoff": {"initialSeconds": 10**12}}}, "spec.restartPolicy.backoff.initialSeconds"),
+        ({"restartPolicy": {"backoff": {"maxSeconds": float("inf")}}}, "spec.restartPolicy.backoff.maxSeconds"),
+        ({"restartPolicy": {"startupDeadlineSeconds": float("nan")}}, "spec.restartPolicy.startupDeadlineSeconds"),
+        ({"ray": {"head": {}, "workers": [{"name": "gen", "replicas": 10**6}]}}, "spec.ray.workers.0.replicas"),
+        ({"trainer": {"steps": 10**12}}, "spec.trainer.steps"),
+        ({"checkpoint": {"pvc": {"claimName": "c"}, "savePeriod": 10**12}}, "spec.checkpoint.savePeriod"),
+    ],
+    ids=["a deadline", "a backoff", "an infinite cap", "not a number", "a million replicas", "steps", "savePeriod"],
+)
+def test_a_number_past_its_generous_bound_is_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    (problem,) = validation.run_problems(tiny(**spec))
+    assert problem.path == field and problem.explained.startswith("must be <= ")
+
+
+def test_the_bounds_are_the_ones_a_user_would_call_generous() -> None:
+    doc = tiny(
+        restartPolicy={"progressDeadlineSeconds": 30 * 24 * 3600, "backoff": {"maxSeconds": 30 * 24 * 3600}},
+        ray={"head": {"rayStartParams": {"num-cpus": "8"}}, "workers": [{"name": "gen", "replicas": 1000}]},
+        trainer={"steps": 10**9},
+    )
+    assert validation.run_problems(doc) == []
+
+
+def _pass(spec: model.TrainingRunSpec, status: dict[str, Any], observed: Any, now: datetime.datetime) -> Any:
+    """One decision over `status`, which it updates as the API server would apply the patch."""
+    result = decision.decide(
+        decision.Inputs(
+            run="tiny",
+            namespace="ns",
+            generation=1,
+            spec=spec,
+            status=model.TrainingRunStatus.model_validate(status),
+            observed=observed,
+            now=now,
+        )
+    )
+    status.update(patching.apply(status, result.patch))
+    return result
+
+
+def test_the_largest_deadlines_backoff_and_budgets_go_through_the_decision_without_overflow() -> None:
+    """Every duration at MAX_SECONDS, the factor and the budgets at theirs: the backoff, the next attempt's time and
+    the watchdog's deadlines are computed on every pass, and must neither overflow nor exceed 30 days."""
+    longest, budget = model.MAX_SECONDS, model.MAX_BUDGET
+    durations = ("workerReplacementSeconds", "nodeNotReadySeconds", "progressDeadlineSeconds", "startupDeadlineSeconds")
+    doc = tiny(
+        restartPolicy={
+            **dict.fromkeys(durations, longest),
+            "failureBudget": budget,
+            "preemptionBudget": budget,
+            "backoff": {"initialSeconds": longest, "maxSeconds": longest, "factor": 100},
+        }
+    )
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    assert validation.spec_problem(spec) is None
+    now = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
+    job = RayJobObservation(name="tiny-a1", deployment_status="Running", job_status="RUNNING")
+    head = PodObservation(name="tiny-a1-head", node_type="head", phase="Running", node_ready=True)
+    status: dict[str, Any] = {}
+    _pass(spec, status, None, now)
+    running = _pass(spec, status, AttemptObservation(number=1, rayjob=job, pods=(head,)), now)
+    assert status["phase"] == "Running" and running.requeue_after == longest, "the watchdog's start-up deadline"
+    failed = dataclasses.replace(job, deployment_status="Failed", job_status="FAILED", reason="AppFailed")
+    _pass(spec, status, AttemptObservation(number=1, rayjob=failed), now + datetime.timedelta(seconds=longest))
+    assert status["phase"] == "Restarting"
+    assert timestamps.parse(status["nextAttemptTime"]) == now + datetime.timedelta(seconds=2 * longest)
+    assert restarts.backoff_seconds(spec.restart_policy.backoff, budget) == longest
+    attempt = model.AttemptRecord(number=1, running_since="2025-01-01T00:00:00Z")
+    report = model.RuntimeReport(attempt=1, step=1, updated="2025-01-01T00:00:00Z")
+    watch = watchdog.watch(spec.restart_policy, attempt, report)
+    assert watch is not None and watch.left(now) == longest
