@@ -49,6 +49,10 @@ __all__ = [
     "MESSAGE_CHARS",
     "PLURAL",
     "QUANTITY_PATTERN",
+    "RAY_FLAG_PATTERN",
+    "RAY_RESOURCE_CHARS",
+    "RAY_RESOURCE_PATTERN",
+    "RAY_VALUE_PATTERN",
     "SIZE_PATTERN",
     "VERSION",
     "AttemptRecord",
@@ -101,6 +105,18 @@ string (`4Pi`)."""
 MAX_TOLERATION_SECONDS = 365 * 24 * 3600
 """The longest a toleration of NoExecute keeps a pod on a tainted node: a year."""
 
+RAY_FLAG_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+"""A `rayStartParams` key: a `ray start` flag without its `--` (`num-cpus`, `object-store-memory`), at most 63
+characters. KubeRay writes `--<key>=<value>` into the pod's shell command line unquoted, so nothing else is safe."""
+RAY_VALUE_PATTERN = r"^[A-Za-z0-9._:/=+,@%-]*$"
+"""A `rayStartParams` value other than `resources`: no space, quote, `;`, `&`, `|`, `$`, backtick, `<`, `>`,
+parenthesis, glob, newline or backslash, which the shell would read (`8`, `0.0.0.0`, `/tmp/ray`, `a=1,b=2`)."""
+RAY_RESOURCE_CHARS = r"""^[A-Za-z0-9_.:,{}"' +-]*$"""
+"""What `rayStartParams.resources` (a JSON object of numbers, which the shell reads too) may be written with: the
+characters of such an object of `RAY_RESOURCE_PATTERN` names, and the quotes KubeRay trims around it."""
+RAY_RESOURCE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}$"
+"""A Ray custom resource's name in `rayStartParams.resources` (`spot`, `accelerator_type:A100`)."""
+
 MESSAGE_CHARS = 1024
 """The longest message the operator writes into the status; a longer one (KubeRay's, a pod's) is cut, marked."""
 _CUT = " ...[truncated]"
@@ -145,7 +161,10 @@ ResourceName = Annotated[
     ),
 ]
 LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
-RayStartParams = dict[str, Annotated[str, StringConstraints(max_length=4096)]]
+RayStartParams = dict[str, Annotated[str, StringConstraints(max_length=1024)]]
+"""`ray start` flags and values; what is safe on the shell's command line is `validation.py`'s check (the CRD's CEL
+rules say the same). A value is at most 1024 characters: the CEL rule over 64 values of every group must fit the API
+server's cost budget."""
 SIZE_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
 """A size in bytes as a Kubernetes quantity (`8Gi`, `500M`, `1e9`); the CRD's shmSize has the same pattern."""
 ShmSize = Annotated[int, Field(ge=1, le=MAX_INT_QUANTITY)] | Annotated[str, Field(pattern=SIZE_PATTERN, max_length=32)]

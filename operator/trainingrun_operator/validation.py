@@ -13,9 +13,12 @@ the CRD, RuntimeConfig) are laxer than the API server in one way: how a scalar i
 
 What `spec_problem` checks, beyond what the CRD's schema already did:
 - `spec.trainer` against the runtime's own RuntimeConfig, once more;
+- `rayStartParams`: KubeRay writes each as `--<key>=<value>` into the pod's `ray start` shell command line, unquoted,
+  so a key must be a flag name and a value plain text to the shell (`model.RAY_FLAG_PATTERN`, `RAY_VALUE_PATTERN`:
+  the CRD's CEL rules say the same); `resources`, which the RayJob builder extends with the generation resource on
+  a worker group, must be a JSON object of numbers with safe names (`RAY_RESOURCE_PATTERN`), which CEL cannot parse;
 - placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
-  KubeRay derives from the CPU limit, else from the request), and a worker group's `rayStartParams.resources`, which
-  the RayJob builder extends with the generation resource, must be a JSON object of numbers;
+  KubeRay derives from the CPU limit, else from the request);
 - pod templates: what the operator owns (`podtemplate.problems`, the same rules the CRD's CEL rules apply, so that
   `trainingrun run` says what `kubectl apply` says), a nodeSelector key that the group and its template give
   different values, and a mount of a volume that no one defines (the Pod's own validation, which would otherwise
@@ -209,37 +212,89 @@ def _head_problem(head: model.RayGroup) -> Problem | None:
     return Problem(loc, why, why)
 
 
+MAX_RAY_RESOURCE = 10**12
+"""The largest amount of one custom resource in `rayStartParams.resources` (Ray keeps amounts as fixed point in an
+int64, to 1e-4)."""
+
+
 def offered_resources(params: Mapping[str, str] | None) -> dict[str, float]:
     """The custom resources a `rayStartParams` offers: its `resources` value as KubeRay reads it (surrounding
-    quotes and spaces trimmed, a JSON object of numbers); ValueError if it is not one."""
+    quotes and spaces trimmed, a JSON object of numbers); ValueError saying what is wrong if it is not one of safe
+    names (`model.RAY_RESOURCE_PATTERN`), amounts from 0 to MAX_RAY_RESOURCE, written only with the characters
+    `model.RAY_RESOURCE_CHARS` (the value reaches the pod's shell command line as written)."""
     text = (params or {}).get("resources")
     if text is None:
         return {}
+    if not re.fullmatch(model.RAY_RESOURCE_CHARS, text):
+        raise ValueError("a character the shell would read: only letters, digits, spaces and _ . : , { } \" ' + -")
     try:
         value = json.loads(text.strip("'\"` "))
     except json.JSONDecodeError:
-        raise ValueError(text) from None
-    if not isinstance(value, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()
-    ):
-        raise ValueError(text)
+        raise ValueError("not JSON") from None
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    for name, amount in value.items():
+        if not re.fullmatch(model.RAY_RESOURCE_PATTERN, name):
+            raise ValueError(
+                f"resource name {_shown(name)}: letters, digits and _ . : - only, starting with a letter, digit or _, "
+                "at most 128 characters"
+            )
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount <= MAX_RAY_RESOURCE:
+            raise ValueError(f"resource {name}: the amount must be a number from 0 to {MAX_RAY_RESOURCE:.0e}")
     return value
 
 
-def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
-    """The head must hold the run state; a worker group's `resources` must be one the builder can extend."""
-    head = _head_problem(spec.ray.head)
-    found = [head] if head is not None else []
-    for index, group in enumerate(spec.ray.workers or []):
-        try:
-            offered_resources(group.ray_start_params)
-        except ValueError:
-            given = (group.ray_start_params or {})["resources"]
+def _start_param_problems(at: Loc, params: Mapping[str, str] | None) -> list[Problem]:
+    """Each `rayStartParams` key and value that is not plain text to a shell: KubeRay writes `--<key>=<value>` into
+    the pod's `ray start` command line unquoted. `resources` is checked as the JSON it is (`_resources_problem`)."""
+    found = []
+    for key, value in (params or {}).items():
+        loc = (*at, "rayStartParams", key)
+        if len(key) > 63 or not re.fullmatch(model.RAY_FLAG_PATTERN, key):
             why = (
-                f"must be a JSON object of numbers, as KubeRay reads it (worker group {group.name}; the operator "
-                f"adds {GENERATION_RESOURCE} to it), e.g. '{{\"my_resource\": 1}}' (got {_shown(given)})"
+                "not a ray start flag name: a key is the flag without its leading -- (lowercase letters, digits and "
+                f"'-', e.g. num-cpus), at most 63 characters (got {_shown(key)})"
             )
-            found.append(Problem(("spec", "ray", "workers", index, "rayStartParams", "resources"), why, why))
+            found.append(Problem(loc, why, why))
+        elif key != "resources" and not re.fullmatch(model.RAY_VALUE_PATTERN, value):
+            why = (
+                "reaches ray start's shell command line unquoted: write it with letters, digits and . _ : / = + , @ % "
+                f"- only, no space, quote or shell metacharacter (got {_shown(value)})"
+            )
+            found.append(Problem(loc, why, why))
+    return found
+
+
+def _resources_problem(at: Loc, params: Mapping[str, str] | None, whose: str) -> Problem | None:
+    """A `rayStartParams.resources` that KubeRay cannot read, or that is not safe on the shell's command line."""
+    try:
+        offered_resources(params)
+    except ValueError as exc:
+        given = (params or {})["resources"]
+        why = (
+            f"must be a JSON object of numbers, as KubeRay reads it ({whose}), single-quoted, e.g. "
+            f"'{{\"my_resource\": 1}}': {exc} (got {_shown(given)})"
+        )
+        return Problem((*at, "rayStartParams", "resources"), why, why)
+    return None
+
+
+def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
+    """Every group's `rayStartParams` must be safe on the shell's command line; the head must hold the run state;
+    a worker group's `resources` must be one the builder can extend."""
+    at: Loc = ("spec", "ray", "head")
+    found = _start_param_problems(at, spec.ray.head.ray_start_params)
+    resources = _resources_problem(at, spec.ray.head.ray_start_params, "the head")
+    found += [resources] if resources is not None else []
+    unsafe_cpus = any(p.loc == (*at, "rayStartParams", "num-cpus") for p in found)
+    head = None if unsafe_cpus else _head_problem(spec.ray.head)  # one problem for one num-cpus
+    found += [head] if head is not None else []
+    for index, group in enumerate(spec.ray.workers or []):
+        at = ("spec", "ray", "workers", index)
+        found += _start_param_problems(at, group.ray_start_params)
+        whose = f"worker group {group.name}; the operator adds {GENERATION_RESOURCE} to it"
+        resources = _resources_problem(at, group.ray_start_params, whose)
+        found += [resources] if resources is not None else []
     return found
 
 

@@ -461,6 +461,19 @@ def test_the_bound_walk_finds_a_field_without_a_bound() -> None:
     ]
 
 
+def test_the_ray_start_params_rules_are_the_models_patterns() -> None:
+    """The CEL rules on rayStartParams (head and worker groups share them) and validation.py check the same text."""
+    groups = _groups()
+    rules = [r["rule"] for r in groups["head"]["properties"]["rayStartParams"]["x-kubernetes-validations"]]
+    assert (
+        groups["worker"]["properties"]["rayStartParams"]["x-kubernetes-validations"]
+        == (groups["head"]["properties"]["rayStartParams"]["x-kubernetes-validations"])
+    )
+    assert f"'{model.RAY_FLAG_PATTERN}'" in rules[0] and "size(k) <= 63" in rules[0]
+    assert f"'{model.RAY_VALUE_PATTERN}'" in rules[1] and "k == 'resources'" in rules[1]
+    assert "'" + model.RAY_RESOURCE_CHARS.replace("'", "\\'") + "'" in rules[2]
+
+
 def test_quantities_use_kubernetes_int_or_string_and_quantity_pattern() -> None:
     head = _schema()["properties"]["spec"]["properties"]["ray"]["properties"]["head"]["properties"]
     quantity = head["resources"]["properties"]["requests"]["additionalProperties"]

@@ -259,3 +259,75 @@ def test_the_largest_deadlines_backoff_and_budgets_go_through_the_decision_witho
     report = model.RuntimeReport(attempt=1, step=1, updated="2025-01-01T00:00:00Z")
     watch = watchdog.watch(spec.restart_policy, attempt, report)
     assert watch is not None and watch.left(now) == longest
+
+
+# ------------------------------------------------------------------------------------------ rayStartParams
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "says"),
+    [
+        ({"num-cpus; rm -rf /": "8"}, "spec.ray.head.rayStartParams.num-cpus; rm -rf /", "not a ray start flag name"),
+        ({"num-cpus": "8", "Num_CPUs": "8"}, "spec.ray.head.rayStartParams.Num_CPUs", "not a ray start flag name"),
+        ({"num-cpus": "1 && curl x"}, "spec.ray.head.rayStartParams.num-cpus", "shell command line unquoted"),
+        ({"num-cpus": "8", "temp-dir": "/tmp/$(id)"}, "spec.ray.head.rayStartParams.temp-dir", "no space, quote"),
+        ({"num-cpus": "8", "node-name": "a\nb"}, "spec.ray.head.rayStartParams.node-name", "shell metacharacter"),
+    ],
+    ids=["a command in a key", "a key not a flag", "a command in a value", "a substitution", "a newline"],
+)
+def test_a_ray_start_param_the_shell_would_read_is_refused_naming_the_field_and_the_fix(
+    params: dict[str, str], field: str, says: str
+) -> None:
+    (problem,) = validation.run_problems(head(rayStartParams=params))
+    assert problem.path == field and says in problem.explained
+    spec = model.TrainingRunSpec.model_validate(head(rayStartParams=params)["spec"])
+    assert validation.spec_problem(spec) == str(problem), "the operator fails the run before any RayJob"
+
+
+@pytest.mark.parametrize(
+    ("resources", "says"),
+    [
+        ("'{\"spot\": 1}'; curl x", "a character the shell would read"),
+        ("'{\"a b\": 1}'", 'resource name "a b"'),
+        ("'{\"$(id)\": 1}'", "a character the shell would read"),
+        ("'{\"\\u0024x\": 1}'", "a character the shell would read"),
+        ("'{\"spot\": -1}'", "resource spot: the amount must be a number from 0"),
+        ("'{\"spot\": NaN}'", "resource spot: the amount must be a number from 0"),
+        ("'{\"spot\": 1e300}'", "resource spot: the amount must be a number from 0"),
+    ],
+    ids=["a command after it", "a space in a name", "a substitution", "an escape", "negative", "NaN", "huge"],
+)
+def test_a_resources_value_is_checked_as_json_of_safe_names_and_amounts_on_the_head_and_the_workers(
+    resources: str, says: str
+) -> None:
+    for where, group in (("spec.ray.head", "the head"), ("spec.ray.workers.0", "worker group gen")):
+        doc = head(rayStartParams={"num-cpus": "8"})
+        params = {"resources": resources}
+        if where == "spec.ray.head":
+            doc["spec"]["ray"]["head"]["rayStartParams"] |= params
+        else:
+            doc["spec"]["ray"]["workers"] = [{"name": "gen", "rayStartParams": params}]
+        (problem,) = validation.run_problems(doc)
+        assert problem.path == f"{where}.rayStartParams.resources"
+        assert says in problem.explained and group in problem.explained
+        assert "single-quoted, e.g. '{\"my_resource\": 1}'" in problem.explained
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"num-cpus": "8", "object-store-memory": "100000000", "dashboard-host": "0.0.0.0", "block": "true"},
+        {"num-cpus": "8", "temp-dir": "/tmp/ray", "labels": "zone=a,tier=gpu", "node-ip-address": "10.0.0.1"},
+        {"num-cpus": "8", "resources": '\'{"spot": 1, "accelerator_type:A100": 0.5}\''},
+        {"num-cpus": "8", "resources": '{"spot":1}'},
+    ],
+    ids=["numbers and an address", "a path and labels", "quoted resources", "unquoted resources"],
+)
+def test_ray_start_params_of_plain_flags_and_values_pass(params: dict[str, str]) -> None:
+    assert validation.run_problems(head(rayStartParams=params)) == []
+
+
+@pytest.mark.parametrize("example", ["tiny.yaml", "cluster.yaml"])
+def test_the_shipped_examples_have_no_problem(example: str) -> None:
+    (doc,) = [d for d in yaml.safe_load_all((EXAMPLE.parent / example).read_text()) if d and d["kind"] == "TrainingRun"]
+    assert validation.run_problems(doc) == []
