@@ -5,7 +5,11 @@ Called by `decision.py` on every reconcile of a Starting or Running attempt. The
 the first that matches decides (a disrupted head explains a failed job, so it is checked before the job's own
 verdict):
 
-1. the driver reported a restore error for this attempt           -> FailedRestore
+1. the driver reported a restore error for this attempt, by its prefix (the driver's stderr line, without a
+   leading "RestoreFailed: "): "ConfigMismatch:" (the checkpoint's math differs from spec.trainer)
+                                                                  -> InvalidSpec (permanent, `invalid_spec`)
+   "RestoreInterrupted:" (I/O, Ray, a timeout: not the step's fault) -> InfrastructureFailure
+   anything else (the step failed verification)                   -> FailedRestore
    the head pod is being deleted and its grace period has not ended, or it has DisruptionTarget, is not deleted
    yet and its grace period counted from the condition has not ended (the driver may be saving on its preStop
    notice, `trainingrun_runtime.driver.notice`), its container runs, the driver has no verdict yet
@@ -23,10 +27,11 @@ verdict):
    KubeRay's status may still say Suspended, so an admitted attempt that is not yet running is judged by
    spec.suspend alone)
 4. the driver's exit code is known (local mode, or parsed from KubeRay's message): 0 succeeded,
-   3 / "RestoreFailed:" -> FailedRestore, 4 / "GenerationLost:" (no generation worker came back within
-   workerReplacementSeconds) -> Preempted, 5 / "Preempted:" (it saved on the head's notice and stopped)
-   -> Preempted, 2 (bad config) -> ApplicationFailure (permanent),
-   else -> ApplicationFailure
+   6 / "ConfigMismatch:" -> InvalidSpec (permanent; the message names the fields from the driver's line),
+   7 / "RestoreInterrupted:" -> InfrastructureFailure, 3 / "RestoreFailed:" -> FailedRestore,
+   4 / "GenerationLost:" (no generation worker came back within workerReplacementSeconds) -> Preempted,
+   5 / "Preempted:" (it saved on the head's notice and stopped) -> Preempted,
+   2 (bad config) -> ApplicationFailure (permanent), else -> ApplicationFailure
 5. KubeRay's verdict: SUCCEEDED -> success; SubmissionFailed, ValidationFailed, STOPPED,
    grace period exceeded -> InfrastructureFailure; AppFailed / FAILED -> ApplicationFailure
 6. an image that cannot be pulled, a container config error       -> InfrastructureFailure
@@ -39,6 +44,13 @@ verdict):
    is left to rule 1, silent or not: its driver may be saving on the notice)
 Then: an ApplicationFailure that is not permanent, in an attempt that lost a worker pod, is Preempted (the lost
 worker explains it). Otherwise the attempt is still going (None).
+
+The exit codes and prefixes are the driver's (`trainingrun_runtime.driver.entrypoint`, which the control plane does
+not import): the two lists change together. Only FailedRestore says that the step the attempt resumed from is bad
+(the decision marks it); a config mismatch fails the run as InvalidSpec, whose fix is the spec's; a restore
+interrupted by I/O, Ray or a timeout is an InfrastructureFailure, retried from the same step under the failure
+budget and its backoff (as a lost head is: the platform's fault, not the program's, and never re-read as a
+preemption after a worker loss).
 
 Worker pods never end an attempt: generation is all they run, and the driver replaces it. `lost_workers` lists
 the worker pods lost to DisruptionTarget, an eviction, a deletion (not the cluster's own teardown) or their node's
@@ -65,9 +77,13 @@ EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 EXIT_GENERATION_LOST = 4
 EXIT_PREEMPTED = 5
+EXIT_CONFIG_MISMATCH = 6
+EXIT_RESTORE_INTERRUPTED = 7
 RESTORE_FAILED_PREFIX = "RestoreFailed:"
 GENERATION_LOST_PREFIX = "GenerationLost:"
 PREEMPTED_PREFIX = "Preempted:"
+CONFIG_MISMATCH_PREFIX = "ConfigMismatch:"
+RESTORE_INTERRUPTED_PREFIX = "RestoreInterrupted:"
 DRAIN_SLACK_SECONDS = 5.0
 """After a deleted head's grace period ends: time for the kubelet's kill to show before the attempt is judged."""
 
@@ -84,7 +100,7 @@ class FailureClass(str, enum.Enum):
     PREEMPTED = "Preempted"  # the platform took the pods away; charged to the preemption budget
     APPLICATION_FAILURE = "ApplicationFailure"  # the driver exited non-zero on its own; failure budget
     INFRASTRUCTURE_FAILURE = "InfrastructureFailure"  # submission failed, image pull, head lost; failure budget
-    FAILED_RESTORE = "FailedRestore"  # the checkpoint to resume from is corrupt or mismatched; failure budget
+    FAILED_RESTORE = "FailedRestore"  # the checkpoint to resume from failed verification; failure budget
     STALLED = "Stalled"  # the driver stopped reporting steps (a deadlock, a hung collective); failure budget
 
 
@@ -95,6 +111,7 @@ class Outcome:
     failure: FailureClass | None
     detail: str
     permanent: bool = False  # retrying cannot help (bad config, an invalid RayJob)
+    invalid_spec: bool = False  # the spec must change (permanent): the run fails as InvalidSpec, nothing is charged
 
     @property
     def succeeded(self) -> bool:
@@ -245,9 +262,50 @@ def lost_workers(obs: AttemptObservation) -> tuple[LostWorker, ...]:
     return tuple(found.values())
 
 
+def _line_after(prefix: str, said: str) -> str:
+    """What the last line of `said` that carries `prefix` says after it ("" if none does)."""
+    at = said.rfind(prefix)
+    return said[at + len(prefix) :].splitlines()[0].strip() if at >= 0 else ""
+
+
+def _config_mismatch(said: str) -> Outcome:
+    """InvalidSpec, its message the driver's ConfigMismatch line in `said` (the fields, old -> new, and the fix)."""
+    detail = _line_after(CONFIG_MISMATCH_PREFIX, said) or (
+        "spec.trainer: the math differs from the checkpoint's (the driver did not say which fields). A checkpoint "
+        "resumes only under the math that wrote it: to resume from this run's checkpoints, set it back and start "
+        "the run again (re-create the TrainingRun under the same name, or run `trainingrun run` again); to train "
+        "with the new config, start a TrainingRun of another name from scratch"
+    )
+    return Outcome(FailureClass.APPLICATION_FAILURE, detail, permanent=True, invalid_spec=True)
+
+
+def _restore_interrupted(said: str, code: int | None = None) -> Outcome:
+    """InfrastructureFailure: the restore failed through no fault of the checkpoint; the step is not blamed."""
+    why = _line_after(RESTORE_INTERRUPTED_PREFIX, said) or "not by the checkpoint (I/O, Ray, a timeout)"
+    exited = "" if code is None else f", exit code {code}"
+    return Outcome(
+        FailureClass.INFRASTRUCTURE_FAILURE,
+        f"the driver's restore was interrupted{exited}: {why}; the next attempt resumes from the same step",
+    )
+
+
+def _from_restore_error(report: str) -> Outcome:
+    """Rule 1: `status.runtime.restoreError`, by its prefix (see the module docstring)."""
+    if report.startswith(CONFIG_MISMATCH_PREFIX):
+        return _config_mismatch(report)
+    if report.startswith(RESTORE_INTERRUPTED_PREFIX):
+        return _restore_interrupted(report)
+    return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {report}")
+
+
 def _from_exit_code(code: int, message: str) -> Outcome:
     if code == 0:
         return SUCCESS
+    # Before the restore's own check: a driver of an older version wrote "RestoreFailed: ConfigMismatch: ..." (3).
+    if code == EXIT_CONFIG_MISMATCH or CONFIG_MISMATCH_PREFIX in message:
+        return _config_mismatch(message)
+    if code == EXIT_RESTORE_INTERRUPTED or RESTORE_INTERRUPTED_PREFIX in message:
+        return _restore_interrupted(message, code)
     if code == EXIT_RESTORE_FAILED or RESTORE_FAILED_PREFIX in message:
         return Outcome(FailureClass.FAILED_RESTORE, f"the driver could not restore (exit code {code})")
     if code == EXIT_GENERATION_LOST or GENERATION_LOST_PREFIX in message:
@@ -277,7 +335,11 @@ def _from_rayjob(obs: AttemptObservation) -> Outcome | None:
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, f"KubeRay: {job.reason}: {job.message}".strip(), permanent)
     if job.job_status == "FAILED" or job.reason == "AppFailed":
         code = exit_code_from_message(job.message)
-        if code is None and RESTORE_FAILED_PREFIX in job.message:
+        if code is None and CONFIG_MISMATCH_PREFIX in job.message:
+            code = EXIT_CONFIG_MISMATCH
+        elif code is None and RESTORE_INTERRUPTED_PREFIX in job.message:
+            code = EXIT_RESTORE_INTERRUPTED
+        elif code is None and RESTORE_FAILED_PREFIX in job.message:
             code = EXIT_RESTORE_FAILED
         elif code is None and GENERATION_LOST_PREFIX in job.message:
             code = EXIT_GENERATION_LOST
@@ -323,7 +385,7 @@ def classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
 
 def _classify(obs: AttemptObservation, ctx: Context) -> Outcome | None:
     if ctx.restore_error:
-        return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {ctx.restore_error}")
+        return _from_restore_error(ctx.restore_error)
     if _draining_head(obs, ctx) is not None:
         return None  # the driver may be saving on the notice: its report must still count
     why = _head_lost(obs, ctx)

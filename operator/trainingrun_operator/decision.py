@@ -20,6 +20,8 @@ One pass runs in a fixed order:
       Running     -> count lost worker pods; classify; ended? charge the budget -> Restarting(reason) | Failed |
                      Succeeded; a head on a NotReady node within its grace? look again when the grace ends;
                      the stall watchdog on? look again when its deadline would pass (`watchdog.py`)
+                     (a FailedRestore marks the step it resumed from bad; a restore refused because spec.trainer
+                     changed the math fails the run as InvalidSpec, charging and marking nothing)
       Restarting  -> wait until the old attempt's pods are gone and the backoff passed -> start next
       Suspended   -> unsuspended and pods gone? start next attempt
     derive conditions; check the transition table; progress, reward, ETA and the attempt table (progress.py);
@@ -75,6 +77,9 @@ __all__ = [
 
 QUEUED = "Queued"
 """The event and the reason of a run whose attempt waits for Kueue's admission."""
+INVALID_SPEC = "InvalidSpec"
+"""The event, the reason and the attempt's end of a run whose spec cannot run as it is (`validation`, a problem
+found while parsing, a restore refused because spec.trainer changed the checkpoint's math)."""
 ADMITTED = "Admitted"
 """The event when Kueue admits a queued attempt."""
 
@@ -447,13 +452,20 @@ class _Pass:
 
     def attempt_failed(self, outcome: Outcome) -> None:
         assert outcome.failure is not None
+        if outcome.invalid_spec:
+            # The spec, not the attempt, is at fault (a restore refused under a changed spec.trainer): no retry can
+            # help, no budget is charged, and the checkpoint is good: under the spec that wrote it, it resumes.
+            self.end_attempt(INVALID_SPEC, outcome.detail)
+            self.fail(INVALID_SPEC, outcome.detail)
+            return
         failure = outcome.failure
         self.end_attempt(failure.value, outcome.detail)
         self.delete_current_rayjob()
         permanent = outcome.permanent
         if failure is FailureClass.FAILED_RESTORE and not self._mark_bad_resume_point():
-            # The driver chose the newest checkpoint on the volume itself and could not restore it;
+            # The driver chose the newest checkpoint on the volume itself and it failed verification;
             # "latest" would pick the same one again. A user can pin an older one with spec.resume.
+            # (Only a failed verification is a FailedRestore: an interrupted restore is retried, step not blamed.)
             permanent = True
         charged = restarts.charge(
             self.spec.restart_policy,
@@ -480,7 +492,8 @@ class _Pass:
             self.wait(min(POLL_SECONDS, charged.delay_seconds))
 
     def _mark_bad_resume_point(self) -> bool:
-        """Record the step this attempt failed to restore as bad; False if there is no step to blame."""
+        """Record the step this attempt resumed from, which failed verification, as bad; False if there is no step
+        to blame."""
         attempt = self.attempt
         if attempt is None or attempt.resumed_from is None:
             return False
@@ -687,8 +700,8 @@ def decide(inputs: Inputs) -> Decision:
         return _conditions_and_patch(p, inputs.status)
     problem = inputs.problem or validation.spec_problem(p.spec) or queueing.problem(p.spec, inputs.queue)
     if problem is not None:
-        p.end_attempt("InvalidSpec", problem)
-        p.fail("InvalidSpec", problem)
+        p.end_attempt(INVALID_SPEC, problem)
+        p.fail(INVALID_SPEC, problem)
         return _conditions_and_patch(p, inputs.status)
     p.fold_runtime_report()
     for name in p.observed.other_rayjobs:

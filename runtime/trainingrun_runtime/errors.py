@@ -19,6 +19,7 @@ __all__ = [
     "LedgerError",
     "PreflightError",
     "RestoreFailed",
+    "RestoreInterrupted",
     "RestoreRefused",
     "Superseded",
     "TrainingRunError",
@@ -75,6 +76,14 @@ class AttemptEnded(Superseded):
 
 class RestoreFailed(TrainingRunError):
     """Restoring the chosen checkpoint failed (exit code 3); `cause` is the original error."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+class RestoreInterrupted(TrainingRunError):
+    """Restoring failed through no fault of the checkpoint (I/O, Ray, a timeout): retry; the step is not bad."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")

@@ -2,7 +2,8 @@
 
 One attempt trains a tiny run and is SIGKILLed (its whole process group, as a pod dies) right after step_4 was
 committed and reported. Then, in new processes:
-- a resume whose config changes the math (lr) is refused with exit code 3 before Ray starts;
+- a resume whose config changes the math (lr; or the group size, which the saved index would not fit either) is
+  refused with exit code 6 (ConfigMismatch, not a bad step) before Ray starts, naming the field old -> new;
 - a resume whose config changes only harmless fields (log_every, step limit) continues: it restores the step, the
   loader place and the replay index exactly as step_4 holds them, in the order restore -> client -> buffer ->
   index -> pumps, and finishes.
@@ -49,18 +50,26 @@ def killed_after_step_4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_a_resume_that_changes_the_math_is_refused_with_exit_code_3(killed_after_step_4: Path) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "change"),
+    [("lr", 0.01, "spec.trainer.grpo.lr: 0.003 -> 0.01"), ("groupSize", 8, "spec.trainer.grpo.groupSize: 4 -> 8")],
+    ids=["lr", "group size"],
+)
+def test_a_resume_that_changes_the_math_is_refused_with_exit_code_6_naming_the_field(
+    killed_after_step_4: Path, field: str, value: float, change: str
+) -> None:
     root = killed_after_step_4
     changed = json.loads(json.dumps(CONFIG))
-    changed["trainer"]["grpo"]["lr"] = 0.01
-    proc = launcher.start(run=RUN, attempt=2, root=root, config=changed, event_log=root / "attempt2.jsonl")
-    assert proc.wait(300) == 3
+    changed["trainer"]["grpo"][field] = value
+    log = root / f"attempt2-{field}.jsonl"
+    proc = launcher.start(run=RUN, attempt=2, root=root, config=changed, event_log=log)
+    assert proc.wait(300) == 6, proc.output()[-3000:]
     last = proc.output().strip().splitlines()[-1]
-    assert last.startswith("RestoreFailed: ConfigMismatch")
-    assert "trainer.grpo.lr: 0.003 -> 0.01" in last
+    assert last.startswith(f"ConfigMismatch: {change} (changed since step_4 was trained"), last
+    assert "set it back" in last
     status = json.loads((root / RUN / "attempts" / "2" / "runtime.json").read_text())
-    assert status["restoreError"].startswith("ConfigMismatch")
-    assert "ray_started" not in [e["event"] for e in events.read(root / "attempt2.jsonl")]
+    assert status["restoreError"] == last and not status["badCheckpoints"]
+    assert "ray_started" not in [e["event"] for e in events.read(log)]
 
 
 def test_a_pinned_step_that_does_not_exist_is_refused_with_exit_code_3(killed_after_step_4: Path) -> None:

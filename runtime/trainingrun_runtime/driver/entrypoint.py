@@ -1,8 +1,13 @@
 """The driver entrypoint: arguments in, exit code out (`python -m trainingrun_runtime`).
 
-    parse args + config ──bad──► exit 2
-    setup_single_controller() ──RestoreFailed──► report restoreError, stderr "RestoreFailed: …", exit 3
+    parse args + config ──bad──► stderr "BadConfig: …", exit 2
+    setup_single_controller() ──a restore failed──► report restoreError, then by whose fault (`restore.refusal`):
+        the step failed verification (RestoreFailed) ──► stderr "RestoreFailed: …", exit 3
+        its math differs from the config (ConfigMismatch) ──► stderr "ConfigMismatch: <field: old -> new> … <fix>",
+                                                              exit 6
+        neither: I/O, Ray, a timeout (RestoreInterrupted) ──► the cause's traceback, "RestoreInterrupted: …", exit 7
     actor.run() ──GenerationLost──► stderr "GenerationLost: …", exit 4 (no generation worker came back in time)
+               ──the index rebuild failed (PreflightError, DigestError)──► as a failed verification: exit 3
                ──stopped on the head's preemption notice──► report, stderr "Preempted: …", exit 5
                ──error──► exit 1 (its original error is logged)
     final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
@@ -13,13 +18,21 @@
 
 Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
 (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
-This is the only module that prints (the final `RestoreFailed:` or `GenerationLost:` line) or sets up
-logging. The operator classifies an attempt by these exit codes (3: FailedRestore, 4 and 5: Preempted).
+This is the only module that prints (the final `RestoreFailed:`, `GenerationLost:`, … line) or sets up logging.
+
+The operator classifies an attempt by these exit codes and the prefix of the last stderr line, or of
+`status.runtime.restoreError` (the stderr line of a failed restore, without a leading `RestoreFailed: `): 3
+FailedRestore (the step it resumed from is marked bad), 4 and 5 Preempted, 6 InvalidSpec (the run fails; nothing is
+marked bad), 7 InfrastructureFailure (retried from the same step). `trainingrun_operator.classification` holds the
+same codes and prefixes (the control plane imports nothing of the driver): change both together. Exit 2 stays a
+config that does not parse, which the operator's own validation of spec.trainer rules out; a valid config that does
+not fit the checkpoint (a user's edit of spec.trainer) is 6, so that the operator can name the fields.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import traceback
@@ -29,17 +42,32 @@ import pydantic
 
 from trainingrun_runtime import config, timestamps
 from trainingrun_runtime.driver import events, reporting, restore, setup
-from trainingrun_runtime.errors import DigestError, GenerationLost, PreflightError, RestoreFailed, Superseded
+from trainingrun_runtime.errors import (
+    ConfigMismatch,
+    DigestError,
+    GenerationLost,
+    PreflightError,
+    RestoreFailed,
+    RestoreInterrupted,
+    Superseded,
+)
 
 __all__ = [
+    "CONFIG_MISMATCH_PREFIX",
     "EXIT_BAD_CONFIG",
+    "EXIT_CONFIG_MISMATCH",
     "EXIT_FAILED",
     "EXIT_GENERATION_LOST",
     "EXIT_OK",
     "EXIT_PREEMPTED",
     "EXIT_RESTORE_FAILED",
+    "EXIT_RESTORE_INTERRUPTED",
+    "RESTORE_FAILED_PREFIX",
+    "RESTORE_INTERRUPTED_PREFIX",
+    "RestoreExit",
     "main",
     "parse",
+    "restore_exit",
 ]
 
 EXIT_OK = 0
@@ -48,6 +76,11 @@ EXIT_BAD_CONFIG = 2
 EXIT_RESTORE_FAILED = 3
 EXIT_GENERATION_LOST = 4
 EXIT_PREEMPTED = 5
+EXIT_CONFIG_MISMATCH = 6
+EXIT_RESTORE_INTERRUPTED = 7
+RESTORE_FAILED_PREFIX = "RestoreFailed:"
+CONFIG_MISMATCH_PREFIX = "ConfigMismatch:"
+RESTORE_INTERRUPTED_PREFIX = "RestoreInterrupted:"
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     except Superseded as e:
         print(f"Superseded: {e}", file=sys.stderr)
         return EXIT_FAILED
-    except RestoreFailed as e:
-        _report_restore_error(rep, opts, str(e), getattr(e.cause, "rejected", []))
+    except (RestoreFailed, ConfigMismatch, RestoreInterrupted) as e:
+        ended = restore_exit(e)
+        assert ended is not None, "each of the three is a restore failure"
+        cause = e.cause if isinstance(e, RestoreFailed) else None
+        rejected = cause.rejected if isinstance(cause, restore.NoRecordedCheckpointVerifies) else []
+        _report_restore_error(rep, opts, ended.report, rejected)
         _shutdown_ray()
-        print(f"RestoreFailed: {e}", file=sys.stderr)
-        return EXIT_RESTORE_FAILED
+        _print_restore_exit(e, ended)
+        return ended.code
     except GenerationLost as e:
         _shutdown_ray()
         print(f"GenerationLost: {e}", file=sys.stderr)
@@ -155,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
             _close(built)
             print(f"GenerationLost: {cause}", file=sys.stderr)
             return EXIT_GENERATION_LOST
-        if is_restore_error(cause):
-            _report_restore_error(rep, opts, f"{type(cause).__name__}: {cause}")
+        ended = restore_exit(cause)
+        if ended is not None:
+            _report_restore_error(rep, opts, ended.report)
             _close(built)
-            print(f"RestoreFailed: {type(cause).__name__}: {cause}", file=sys.stderr)
-            return EXIT_RESTORE_FAILED
+            _print_restore_exit(cause, ended)
+            return ended.code
         traceback.print_exception(cause)
         _close(built)
         return EXIT_FAILED
@@ -185,11 +223,39 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def is_restore_error(error: BaseException) -> bool:
-    """Whether the actor's failure means the checkpoint could not be restored (exit code 3)."""
+@dataclasses.dataclass(frozen=True)
+class RestoreExit:
+    """How the driver ends after a failed restore: its exit code and what it says (see the module docstring)."""
+
+    code: int
+    line: str
+    """The last stderr line: a prefix (`RESTORE_FAILED_PREFIX`, …), then what failed."""
+    report: str
+    """`status.runtime.restoreError`: the line, without a leading `RestoreFailed: `."""
+
+
+def restore_exit(error: BaseException) -> RestoreExit | None:
+    """The exit of a driver whose restore (setup's, or the actor's index rebuild) failed with `error`; None if
+    `error` is no restore failure (the actor's other errors are exit code 1)."""
     # PreflightError and DigestError are raised in the actor only while it rebuilds the replay index, before the
-    # pumps start.
-    return isinstance(error, (RestoreFailed, PreflightError, DigestError))
+    # pumps start, from a step that passed verification and the config check: its index does not hold together.
+    if isinstance(error, (PreflightError, DigestError)):
+        error = RestoreFailed(error)
+    if isinstance(error, RestoreFailed):
+        return RestoreExit(EXIT_RESTORE_FAILED, f"{RESTORE_FAILED_PREFIX} {error}", str(error))
+    if isinstance(error, ConfigMismatch):
+        line = f"{CONFIG_MISMATCH_PREFIX} {error}"
+        return RestoreExit(EXIT_CONFIG_MISMATCH, line, line)
+    if isinstance(error, RestoreInterrupted):
+        line = f"{RESTORE_INTERRUPTED_PREFIX} {error} (not the checkpoint's fault: a new attempt may succeed)"
+        return RestoreExit(EXIT_RESTORE_INTERRUPTED, line, line)
+    return None
+
+
+def _print_restore_exit(error: BaseException, ended: RestoreExit) -> None:
+    if isinstance(error, RestoreInterrupted):  # an error nobody foresaw: its traceback is all there is to go on
+        log.error("restore interrupted", exc_info=error.cause)
+    print(ended.line, file=sys.stderr)
 
 
 def _report_restore_error(

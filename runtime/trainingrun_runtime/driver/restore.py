@@ -13,35 +13,75 @@
 
 This is the one restore path: the driver runs it, and the data-plane tests run its first half (`select`, then
 `BootstrapDataPlane.load_checkpoint`) as it is. The replay index itself is rebuilt later, inside the controller
-actor, from `Restored.replay_state` (`TQReplayBuffer.restore`), because the buffer is bound to that process. Any
-failure is raised as `RestoreFailed` (exit code 3) with its cause.
+actor, from `Restored.replay_state` (`TQReplayBuffer.restore`), because the buffer is bound to that process.
+
+A failure is raised as one of three errors, by whose fault it is (`refusal`; the entrypoint maps each to its exit
+code, and the operator acts on it):
+- the step failed verification (a checksum, a missing file of the run, a manifest that does not parse, an index or
+  a state that does not fit or hold together) -> `RestoreFailed` with its cause: the operator marks the step bad;
+- the checkpoint was trained under other math than this config (`check_config`; also when that is why its index
+  does not fit this buffer) -> `ConfigMismatch`, naming each changed field as the TrainingRun spells it: the run
+  fails as InvalidSpec, no step is marked bad;
+- anything else (an OSError that is not a missing file of the run, a Ray error, a timeout, a bug) ->
+  `RestoreInterrupted` with its cause: the operator retries the attempt from the same step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic.alias_generators import to_camel
 
 from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import checkpointer, lifecycle
 from trainingrun_runtime.dataplane.replay_index import ReplayConfig
 from trainingrun_runtime.driver import events, reporting, trainers
-from trainingrun_runtime.errors import CheckpointCorrupt, ConfigMismatch, DigestError, RestoreFailed, TrainingRunError
+from trainingrun_runtime.errors import (
+    CheckpointCorrupt,
+    ConfigMismatch,
+    DigestError,
+    LedgerError,
+    PreflightError,
+    RestoreFailed,
+    RestoreInterrupted,
+    TrainingRunError,
+)
 from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
 from trainingrun_runtime.storage import layout, manifest
 
-__all__ = ["NoRecordedCheckpointVerifies", "Restored", "Rollout", "check_config", "choose", "rejected_steps", "restore"]
+__all__ = [
+    "VERIFICATION_ERRORS",
+    "NoRecordedCheckpointVerifies",
+    "Refusal",
+    "Restored",
+    "Rollout",
+    "check_config",
+    "choose",
+    "refusal",
+    "rejected_steps",
+    "restore",
+    "spec_field",
+]
 
 log = logging.getLogger(__name__)
 
 PROBLEM_CHARS = 500
 """A rejected checkpoint's problem, as reported, is cut to this (the CRD bounds the field)."""
+
+VERIFICATION_ERRORS: tuple[type[Exception], ...] = (CheckpointCorrupt, DigestError, PreflightError, LedgerError)
+"""What a step that fails verification raises: damaged or incomplete files (`CheckpointCorrupt`, of which
+`NoRecordedCheckpointVerifies` is one), a digest that does not match, an index or a ledger that does not hold
+together. With the config hash equal, none of them can come from the config."""
+
+Refusal = RestoreFailed | ConfigMismatch | RestoreInterrupted
+"""The errors a restore fails with: the step's fault, the config's, or neither (see the module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,35 +138,67 @@ def choose(
     `fallback` lists older steps the operator recorded: when the pinned one fails verification (a checksum, a
     missing file, the replay digest), the newest of them that verifies is chosen instead, and the ones passed over
     are in `Selection.skipped`. A step newer than the pinned one is never used. A config mismatch is not passed
-    over (older steps would share it).
+    over (older steps would share it). Raises a `Refusal` (see the module docstring).
     """
     try:
         step = None if resume == "latest" else int(resume)
     except ValueError:
-        raise RestoreFailed(ValueError(f"--resume must be 'latest' or a step number, got {resume!r}")) from None
+        raise ValueError(f"--resume must be 'latest' or a step number, got {resume!r}") from None
     try:
         if step is None:
-            chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS)
+            chosen = _select(root, run, replay, cfg)
         else:
             chosen = _pinned_or_older(
-                root, run, replay, [step, *sorted({f for f in fallback if f < step}, reverse=True)]
+                root, run, replay, cfg, [step, *sorted({f for f in fallback if f < step}, reverse=True)]
             )
         if chosen is not None:
             check_config(chosen.manifest, cfg)
     except (TrainingRunError, ValueError, OSError) as e:
-        raise RestoreFailed(e) from e
+        raise refusal(e, layout.run_dir(root, run)) from e
     if chosen is not None:
         for path, reason in chosen.skipped:
             log.warning("not resuming from %s: %s", path, reason)
     return chosen
 
 
-def _pinned_or_older(root: str, run: str, replay: ReplayConfig, steps: list[int]) -> checkpointer.Selection | None:
+def _select(
+    root: str, run: str, replay: ReplayConfig, cfg: config.RuntimeConfig, step: int | None = None
+) -> checkpointer.Selection | None:
+    """`checkpointer.select`, except that an index which does not fit this buffer because the math changed (the
+    group size, the prompts per step) is the `ConfigMismatch` that names the change, not the step's fault."""
+    try:
+        return checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
+    except PreflightError:
+        saved = _unverified_manifest(layout.run_dir(root, run), step)
+        if saved is not None:
+            check_config(saved, cfg)
+        raise
+
+
+def _unverified_manifest(run_path: Path, step: int | None) -> manifest.Manifest | None:
+    """The manifest of step_`step` (None: of the newest step whose manifest parses), its files not verified: only
+    to read the config it was written under."""
+    if step is not None:
+        paths = [run_path / layout.step_dirname(step)]
+    else:
+        paths = [path for _, path in layout.candidates(run_path)[0]]
+    for path in paths:
+        where = path / layout.MANIFEST
+        try:
+            return manifest.Manifest.from_json(where.read_bytes(), where=str(where))
+        except (OSError, CheckpointCorrupt):
+            continue
+    return None
+
+
+def _pinned_or_older(
+    root: str, run: str, replay: ReplayConfig, cfg: config.RuntimeConfig, steps: list[int]
+) -> checkpointer.Selection | None:
     """The first of `steps` (the pinned one, then older recorded ones) that passes every check."""
     rejected: list[tuple[Path, str]] = []
     for step in steps:
         try:
-            chosen = checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
+            chosen = _select(root, run, replay, cfg, step=step)
         except (CheckpointCorrupt, DigestError) as e:
             rejected.append((layout.run_dir(root, run) / layout.step_dirname(step), str(e)))
             continue
@@ -146,16 +218,73 @@ def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[reporting.BadChe
 
 
 def check_config(saved: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
-    """Refuse (ConfigMismatch) a checkpoint written under different math; harmless fields never refuse."""
+    """Refuse (ConfigMismatch) a checkpoint written under other math; harmless fields never refuse.
+
+    The message starts with each changed field as the TrainingRun spells it, old -> new
+    (`spec.trainer.grpo.lr: 0.003 -> 0.01`), then says the two ways on: set the fields back and start the run
+    again (it resumes), or train the new values from scratch under another name. A manifest that lists no fields
+    (or none that differ) names `spec.trainer` as a whole.
+    """
     current = config.config_hash(cfg)
     if saved.config_hash == current:
         return
-    math = saved.extra.get("config_math", {})
-    diff = config.math_diff(dict(math), config.math_fields(cfg)) if math else ["(the manifest lists no fields)"]
+    math = saved.extra.get("config_math")
+    changes = [_spec_change(line) for line in config.math_diff(dict(math), config.math_fields(cfg))] if math else []
+    hashes = f"config hash {saved.config_hash[:12]}, this config {current[:12]}"
+    if changes:
+        them, values = ("it", "value") if len(changes) == 1 else ("them", "values")
+        what = f"{'; '.join(changes)} (changed since step_{saved.step} was trained; {hashes})"
+    else:
+        them, values = "it", "config"
+        why = "its manifest lists no fields" if not math else "no field its manifest lists differs"
+        what = f"spec.trainer: the math differs from step_{saved.step}'s ({hashes}; {why})"
     raise ConfigMismatch(
-        f"step_{saved.step} was written with config hash {saved.config_hash[:12]}, the current config has "
-        f"{current[:12]}; fields that change the math differ: " + "; ".join(diff)
+        f"{what}. A checkpoint resumes only under the math that wrote it: to resume from this run's checkpoints, "
+        f"set {them} back and start the run again (re-create the TrainingRun under the same name, or run "
+        f"`trainingrun run` again); to train with the new {values}, start a TrainingRun of another name from scratch"
     )
+
+
+def spec_field(path: str) -> str:
+    """A `config.MATH_FIELDS` leaf (`trainer.grpo.group_size`) as the TrainingRun spells it
+    (`spec.trainer.grpo.groupSize`)."""
+    return ".".join(["spec", *(to_camel(part) for part in path.split("."))])
+
+
+def _spec_change(line: str) -> str:
+    """`config.math_diff`'s `trainer.grpo.group_size: 4 -> 8` as `spec.trainer.grpo.groupSize: 4 -> 8`."""
+    path, _, change = line.partition(": ")
+    return f"{spec_field(path)}: {change}"
+
+
+def refusal(error: BaseException, run_path: Path) -> Refusal:
+    """What a failed restore raises, by whose fault `error` (or the cause it wraps) is: the step's (it failed
+    verification, or a file under `run_path` is missing), the config's, or neither (see the module docstring)."""
+    cause = _root_cause(error)
+    if isinstance(cause, ConfigMismatch):
+        return cause
+    if isinstance(cause, VERIFICATION_ERRORS) or _missing_under(cause, run_path):
+        return RestoreFailed(cause)
+    return RestoreInterrupted(cause)
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The error a wrapper stands for: our `RestoreFailed` / `RestoreInterrupted`, and Ray's task errors, keep it as
+    `cause`."""
+    for _ in range(8):  # a bound, should a cause ever point back at its wrapper
+        cause = getattr(error, "cause", None)
+        if not isinstance(cause, BaseException) or cause is error:
+            break
+        error = cause
+    return error
+
+
+def _missing_under(error: BaseException, run_path: Path) -> bool:
+    """Whether `error` says that a file of the run's checkpoints (under `run_path`) is not there."""
+    name = getattr(error, "filename", None)
+    if not isinstance(error, FileNotFoundError) or not isinstance(name, (str, os.PathLike)):
+        return False
+    return Path(name).absolute().is_relative_to(run_path.absolute())
 
 
 def restore(
@@ -173,7 +302,7 @@ def restore(
         ev.emit("policy_loaded", step=chosen.manifest.step)
         _load_rollout(chosen, rollout)
     except Exception as e:
-        raise RestoreFailed(getattr(e, "cause", None) or e) from e
+        raise refusal(e, chosen.verified.path.parent) from e
     m = chosen.manifest
     last = reporting.CheckpointReport(
         step=m.step,

@@ -51,6 +51,12 @@ PRE, APP, INFRA, RESTORE, STALLED = (
     FailureClass.FAILED_RESTORE,
     FailureClass.STALLED,
 )
+LR_CHANGED = (
+    "spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_20 was trained; config hash 1a2b3c4d5e6f, this config "
+    "6f5e4d3c2b1a). A checkpoint resumes only under the math that wrote it: to resume from this run's checkpoints, "
+    "set it back and start the run again; to train with the new value, start a TrainingRun of another name"
+)
+"""What the driver says after `ConfigMismatch: ` when spec.trainer.grpo.lr changed since the checkpoint."""
 SILENT = watchdog.Watch(progress_seconds=60, startup_seconds=300, running_since=ago(600), step=12, reported=ago(61))
 """A Running attempt whose driver last reported step 12 61 s ago, past its 60 s deadline."""
 NEVER_REPORTED = watchdog.Watch(progress_seconds=60, startup_seconds=300, running_since=ago(300))
@@ -183,6 +189,58 @@ TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] 
         RESTORE,
         False,
     ),
+    (
+        "driver reported a verification failure",
+        obs(),
+        ctx(restore_error="CheckpointCorrupt: step_20/policy/model.pt: checksum mismatch"),
+        RESTORE,
+        False,
+    ),
+    ("driver reported a config mismatch", obs(), ctx(restore_error=f"ConfigMismatch: {LR_CHANGED}"), APP, True),
+    (
+        "driver reported an interrupted restore",
+        obs(),
+        ctx(restore_error="RestoreInterrupted: OSError: [Errno 5] Input/output error"),
+        INFRA,
+        False,
+    ),
+    (
+        "driver exited 6 (config mismatch)",
+        obs(job=failed_job(f"failed with exit code 6, last available logs: ConfigMismatch: {LR_CHANGED}")),
+        ctx(),
+        APP,
+        True,
+    ),
+    ("ConfigMismatch without an exit code", obs(job=failed_job(f"ConfigMismatch: {LR_CHANGED}")), ctx(), APP, True),
+    (
+        "an older driver's config mismatch (exit 3)",
+        obs(job=failed_job(f"failed with exit code 3, logs: RestoreFailed: ConfigMismatch: {LR_CHANGED}")),
+        ctx(),
+        APP,
+        True,
+    ),
+    (
+        "driver exited 6 after a worker loss (still the spec)",
+        obs(job=failed_job("failed with exit code 6")),
+        ctx(workers_lost=("w-0",)),
+        APP,
+        True,
+    ),
+    (
+        "driver exited 7 (restore interrupted)",
+        obs(job=failed_job("failed with exit code 7, last available logs: RestoreInterrupted: OSError: EIO")),
+        ctx(),
+        INFRA,
+        False,
+    ),
+    ("RestoreInterrupted without an exit code", obs(job=failed_job("RestoreInterrupted: x")), ctx(), INFRA, False),
+    (
+        "driver exited 7 after a worker loss (still infrastructure)",
+        obs(job=failed_job("failed with exit code 7")),
+        ctx(workers_lost=("w-0",)),
+        INFRA,
+        False,
+    ),
     ("submission failed", obs(job=failed_job("dashboard unreachable", reason="SubmissionFailed")), ctx(), INFRA, False),
     (
         "RayJob failed validation",
@@ -243,6 +301,20 @@ TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] 
         AttemptObservation(number=1, backend="local", exit_code=3, stderr_tail="RestoreFailed: x"),
         ctx(),
         RESTORE,
+        False,
+    ),
+    (
+        "local driver exited 6",
+        AttemptObservation(number=1, backend="local", exit_code=6, stderr_tail=f"ConfigMismatch: {LR_CHANGED}"),
+        ctx(),
+        APP,
+        True,
+    ),
+    (
+        "local driver exited 7",
+        AttemptObservation(number=1, backend="local", exit_code=7, stderr_tail="RestoreInterrupted: OSError: EIO"),
+        ctx(),
+        INFRA,
         False,
     ),
     (
@@ -307,6 +379,56 @@ def test_observation_maps_to_its_failure_class(
     assert outcome.failure is expected
     assert outcome.permanent is permanent
     assert outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("observed", "context"),
+    [
+        (obs(), ctx(restore_error=f"ConfigMismatch: {LR_CHANGED}")),
+        (
+            obs(job=failed_job(f"exit code 6, last available logs:\nINFO started\nConfigMismatch: {LR_CHANGED}\n")),
+            ctx(),
+        ),
+        (
+            AttemptObservation(number=1, backend="local", exit_code=6, stderr_tail=f"ConfigMismatch: {LR_CHANGED}"),
+            ctx(),
+        ),
+    ],
+    ids=["restoreError", "KubeRay's message", "local stderr"],
+)
+def test_a_config_mismatch_is_an_invalid_spec_whose_detail_is_the_drivers_fields_and_fix(
+    observed: AttemptObservation, context: Context
+) -> None:
+    outcome = classify(observed, context)
+    assert outcome is not None and outcome.invalid_spec and outcome.permanent
+    assert outcome.detail == LR_CHANGED
+
+
+def test_a_config_mismatch_without_the_drivers_line_still_names_spec_trainer_and_the_fix() -> None:
+    outcome = classify(obs(job=failed_job("Job entrypoint command failed with exit code 6")), ctx())
+    assert outcome is not None and outcome.invalid_spec
+    assert outcome.detail.startswith("spec.trainer: ") and "set it back" in outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("observed", "context"),
+    [
+        (obs(), ctx(restore_error="CheckpointCorrupt: step_20/manifest.json: not valid JSON")),
+        (obs(), ctx(restore_error="RestoreInterrupted: OSError: EIO")),
+        (obs(job=failed_job("failed with exit code 3, logs: RestoreFailed: DigestError: mismatch")), ctx()),
+        (obs(job=failed_job("failed with exit code 7, logs: RestoreInterrupted: TimeoutError")), ctx()),
+    ],
+    ids=["verification reported", "interrupted reported", "exit 3", "exit 7"],
+)
+def test_only_a_config_mismatch_is_an_invalid_spec(observed: AttemptObservation, context: Context) -> None:
+    outcome = classify(observed, context)
+    assert outcome is not None and not outcome.invalid_spec
+
+
+def test_an_interrupted_restore_says_what_interrupted_it_and_that_the_step_is_retried() -> None:
+    line = "OSError: [Errno 5] Input/output error: '/ckpt/tiny/step_20/policy/model.pt'"
+    outcome = classify(obs(job=failed_job(f"exit code 7, last available logs:\nRestoreInterrupted: {line}\n")), ctx())
+    assert outcome is not None and line in outcome.detail and "resumes from the same step" in outcome.detail
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The entrypoint: argument and config errors are exit code 2 (no Ray started); which failures are a failed restore."""
+"""The entrypoint: argument and config errors are exit code 2 (no Ray started); a failed restore exits by whose fault
+it is: 3 the step's (it failed verification), 6 the config's (its math differs), 7 neither (retried)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ from pathlib import Path
 import pytest
 
 from trainingrun_runtime.driver import entrypoint
+from trainingrun_runtime.errors import (
+    CheckpointCorrupt,
+    ConfigMismatch,
+    DataPlaneError,
+    DigestError,
+    PreflightError,
+    RestoreFailed,
+    RestoreInterrupted,
+    Superseded,
+)
 
 
 def _argv(tmp_path: Path, config_json: str) -> list[str]:
@@ -30,19 +41,73 @@ def test_a_missing_required_argument_is_a_usage_error_with_exit_2(tmp_path: Path
     assert exc.value.code == 2
 
 
-def test_an_index_rebuild_failure_in_the_actor_is_a_failed_restore_and_a_superseded_driver_is_not() -> None:
-    from trainingrun_runtime.driver import entrypoint
-    from trainingrun_runtime.errors import (
-        DataPlaneError,
-        DigestError,
-        PreflightError,
-        Superseded,
-    )
+RESTORE_EXITS: list[tuple[str, BaseException, int, str, str]] = [
+    # (case, the error, exit code, the last stderr line, status.runtime.restoreError)
+    (
+        "the step failed verification",
+        RestoreFailed(CheckpointCorrupt("step_4/policy/model.pt: checksum mismatch")),
+        entrypoint.EXIT_RESTORE_FAILED,
+        "RestoreFailed: CheckpointCorrupt: step_4/policy/model.pt: checksum mismatch",
+        "CheckpointCorrupt: step_4/policy/model.pt: checksum mismatch",
+    ),
+    (
+        "the actor's index rebuild found the index and the rows apart",
+        PreflightError("the data plane's rows differ from the index"),
+        entrypoint.EXIT_RESTORE_FAILED,
+        "RestoreFailed: PreflightError: the data plane's rows differ from the index",
+        "PreflightError: the data plane's rows differ from the index",
+    ),
+    (
+        "the actor's index rebuild found another digest",
+        DigestError("digest mismatch"),
+        entrypoint.EXIT_RESTORE_FAILED,
+        "RestoreFailed: DigestError: digest mismatch",
+        "DigestError: digest mismatch",
+    ),
+    (
+        "the checkpoint's math differs from the config",
+        ConfigMismatch("spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)"),
+        entrypoint.EXIT_CONFIG_MISMATCH,
+        "ConfigMismatch: spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)",
+        "ConfigMismatch: spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)",
+    ),
+    (
+        "I/O interrupted the restore",
+        RestoreInterrupted(OSError(5, "Input/output error")),
+        entrypoint.EXIT_RESTORE_INTERRUPTED,
+        "RestoreInterrupted: OSError: [Errno 5] Input/output error (not the checkpoint's fault: a new attempt may "
+        "succeed)",
+        "RestoreInterrupted: OSError: [Errno 5] Input/output error (not the checkpoint's fault: a new attempt may "
+        "succeed)",
+    ),
+]
 
-    assert entrypoint.is_restore_error(PreflightError("ledger disagrees with the index"))
-    assert entrypoint.is_restore_error(DigestError("digest mismatch"))
-    assert not entrypoint.is_restore_error(Superseded("attempt 3 owns the directory"))
-    assert not entrypoint.is_restore_error(DataPlaneError("snapshot failed"))
+
+@pytest.mark.parametrize(("case", "error", "code", "line", "report"), RESTORE_EXITS, ids=[r[0] for r in RESTORE_EXITS])
+def test_a_failed_restore_exits_with_the_code_and_prefix_of_whose_fault_it_is(
+    case: str, error: BaseException, code: int, line: str, report: str
+) -> None:
+    assert entrypoint.restore_exit(error) == entrypoint.RestoreExit(code, line, report), case
+
+
+@pytest.mark.parametrize(
+    "error",
+    [Superseded("attempt 3 owns the directory"), DataPlaneError("snapshot failed"), RuntimeError("a bug")],
+    ids=["superseded", "data plane", "a bug"],
+)
+def test_the_actors_other_errors_are_no_restore_failure(error: BaseException) -> None:
+    assert entrypoint.restore_exit(error) is None
+
+
+def test_the_exit_codes_are_distinct_and_the_operator_reads_the_same_ones() -> None:
+    from trainingrun_operator import classification
+
+    codes = [getattr(entrypoint, name) for name in entrypoint.__all__ if name.startswith("EXIT_")]
+    assert len(set(codes)) == len(codes)
+    for name in ("EXIT_BAD_CONFIG", "EXIT_RESTORE_FAILED", "EXIT_GENERATION_LOST", "EXIT_PREEMPTED",
+                 "EXIT_CONFIG_MISMATCH", "EXIT_RESTORE_INTERRUPTED", "RESTORE_FAILED_PREFIX",
+                 "CONFIG_MISMATCH_PREFIX", "RESTORE_INTERRUPTED_PREFIX"):  # fmt: skip
+        assert getattr(classification, name) == getattr(entrypoint, name), name
 
 
 def test_fallback_steps_are_parsed_and_need_a_pinned_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
