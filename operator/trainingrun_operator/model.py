@@ -368,6 +368,8 @@ class RuntimeReport(_Wire):
     bad_checkpoints: list[BadCheckpoint] | None = None
     """Checkpoints this attempt's driver passed over (the pinned step, or older ones) because they failed
     verification; the operator adds them to `checkpoints.bad`."""
+    orphaned_checkpoints: list[int] | None = None
+    """Steps this attempt's driver set aside as `orphan_step_N` (newer than its resume point, never recorded)."""
 
 
 class Condition(_Wire):

@@ -1,9 +1,9 @@
 """The runtime's error vocabulary: every failure the driver side can name, each with what to do about it.
 
-Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes
-(`RestoreFailed` and the index rebuild's `PreflightError` / `DigestError` are exit code 3, `Superseded` exits
-quietly, anything else is exit code 1), which the operator classifies. Imports nothing outside the standard
-library.
+Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes (a restore
+that failed verification, and the index rebuild's `PreflightError` / `DigestError`, are exit code 3, a
+`ConfigMismatch` 6, a `RestoreInterrupted` 7, `GenerationLost` 4, `Superseded` 1 naming the owner, anything else
+1; see `driver.entrypoint`), which the operator classifies. Imports nothing outside the standard library.
 """
 
 from __future__ import annotations

@@ -134,24 +134,32 @@ def test_a_zombie_held_in_its_commit_neither_replaces_a_newer_attempts_step_nor_
     assert not (run_dir / "tmp_step_4.attempt_1").exists() and not (run_dir / "old_step_4").exists()
 
 
-def test_a_run_pinned_below_steps_on_disk_trains_on_and_keeps_what_it_saved(tmp_path: Path) -> None:
-    """Retention counts only the current lineage: attempt 2 resumes from step 4, below attempt 1's step 8; with
-    keepLast 1 the old rule counted step 8 as the newest and deleted every step attempt 2 saved."""
+def test_a_run_pinned_below_steps_on_disk_trains_on_keeps_what_it_saved_and_sets_aside_the_unrecorded(
+    tmp_path: Path,
+) -> None:
+    """Retention counts only the current lineage: attempt 2 resumes from step 4, below attempt 1's recorded step 8
+    (with keepLast 1 the old rule counted step 8 as the newest and deleted every step attempt 2 saved); attempt 1's
+    step 12, which the status never recorded, is set aside as orphan_step_12, not deleted, not counted."""
     run_dir = layout.run_dir(tmp_path, "lineage")
     first = json.loads(json.dumps(CONFIG))
-    first["trainer"]["steps"], first["checkpoint"] = 8, {"savePeriod": 4, "keepLast": 100}
+    first["trainer"]["steps"], first["checkpoint"] = 12, {"savePeriod": 4, "keepLast": 100}
     proc = launcher.start(run="lineage", attempt=1, root=tmp_path, config=first, run_uid="uid-1")
     assert proc.wait(400) == 0, proc.output()[-3000:]
-    assert steps_on_disk(run_dir) == {4, 8}
+    assert steps_on_disk(run_dir) == {4, 8, 12}
+    recorded = [{"step": s, "path": str(run_dir / f"step_{s}"), "attempt": 1, "time": "t"} for s in (4, 8)]
+    status = {"attempt": {"number": 2, "start": "t"}, "checkpoints": {"latest": recorded[1], "history": recorded}}
+    (run_dir / "status.json").write_text(json.dumps(status))  # the operator's view: step 12 was never recorded
     second = json.loads(json.dumps(CONFIG))
     second["trainer"]["steps"], second["checkpoint"] = 6, {"savePeriod": 1, "keepLast": 1}
     proc = launcher.start(run="lineage", attempt=2, root=tmp_path, config=second, resume="4", run_uid="uid-1")
     assert proc.wait(400) == 0, proc.output()[-3000:]
-    # Its last step stays (keepLast 1 took 4 and 5); attempt 1's newer step is not its to count or delete.
+    # Its last step stays (keepLast 1 took 4 and 5); attempt 1's recorded step 8 is not its to count or delete.
     assert steps_on_disk(run_dir) == {6, 8}
     assert manifest_of(run_dir, 6)["attempt"] == 2 and manifest_of(run_dir, 8)["attempt"] == 1
+    assert json.loads((run_dir / "orphan_step_12" / layout.MANIFEST).read_text())["step"] == 12
     runtime = json.loads((run_dir / "attempts" / "2" / "runtime.json").read_text())
     assert runtime["lastCheckpoint"]["step"] == 6
+    assert runtime["orphanedCheckpoints"] == [12]
 
 
 def manifest_of(run_dir: Path, step: int) -> dict[str, Any]:

@@ -129,6 +129,8 @@ class SingleControllerActorArgs:
     """The TrainingRun's namespace (a label of the driver's metrics)."""
     restore_s: float | None = None
     """How long setup's restore took (verification included); None: a fresh start restored nothing."""
+    orphaned: tuple[int, ...] = ()
+    """The steps setup set aside as `orphan_step_N` (`status.runtime.orphanedCheckpoints`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,6 +483,7 @@ class SingleController:
             restoreError=None,
             finished=finished,
             badCheckpoints=list(self.args.restored.rejected),
+            orphanedCheckpoints=list(self.args.orphaned),
         )
 
 

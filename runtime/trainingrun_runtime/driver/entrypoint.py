@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             restoreError=None,
             finished=result.notice is None,
             badCheckpoints=list(built.args.restored.rejected),
+            orphanedCheckpoints=list(built.args.orphaned),
         )
     )
     _close(built)

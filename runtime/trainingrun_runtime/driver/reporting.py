@@ -38,6 +38,7 @@ from typing import Any, NotRequired, Protocol, TypedDict
 from trainingrun_runtime.storage import files
 
 __all__ = [
+    "ORPHANS_LISTED",
     "PROGRESS_PERIOD_S",
     "BadCheckpointReport",
     "CheckpointReport",
@@ -58,6 +59,8 @@ PROGRESS_PERIOD_S = 1.0
 GROUP = "trainingrun.dev"
 VERSION = "v1alpha1"
 PLURAL = "trainingruns"
+ORPHANS_LISTED = 100
+"""At most this many set-aside steps are listed in `status.runtime.orphanedCheckpoints` (the CRD's maxItems)."""
 
 
 class CheckpointReport(TypedDict):
@@ -94,6 +97,10 @@ class RuntimeStatus(TypedDict):
     finished: bool
     badCheckpoints: list[BadCheckpointReport]
     """Every report carries the list, empty or not: a merge patch then replaces an earlier attempt's."""
+    orphanedCheckpoints: NotRequired[list[int]]
+    """The steps this attempt set aside as `orphan_step_N` when it claimed the run directory (`retention.set_aside`):
+    newer than the step it resumed from, recorded nowhere in the status; the newest `ORPHANS_LISTED`. The
+    controller's reports carry it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +113,8 @@ class OperatorView:
     """Whether the operator has ended that attempt (preempted, failed, suspended, succeeded)."""
     pinned: int | None
     """The step the next attempt would resume from: the newest recorded checkpoint not marked bad."""
+    recorded: frozenset[int] = frozenset()
+    """Every step the status records (latest and history, bad ones too)."""
 
     @classmethod
     def of(cls, status: Mapping[str, Any]) -> OperatorView:
@@ -119,6 +128,7 @@ class OperatorView:
             attempt=number if isinstance(number, int) else None,
             attempt_ended=bool(attempt.get("end")),
             pinned=max(good) if good else None,
+            recorded=frozenset(s for s in recorded if isinstance(s, int)),
         )
 
     def ended(self, attempt: int) -> bool:

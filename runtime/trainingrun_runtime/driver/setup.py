@@ -1,6 +1,8 @@
 """setup_single_controller(): the driver builds every object, restores, then creates the controller actor.
 
     1  claim the run directory for this attempt (`storage.fence`)                 run_dir_claimed
+       set aside the steps above a pinned resume point that the status does not   checkpoints_set_aside
+       record (`orphan_step_N`: never counted, loaded or deleted)
     2  choose the checkpoint: every checksum verified, the config hash checked;   checkpoint_rejected,  no Ray yet
        a pinned step that fails is passed over for an older recorded one         checkpoint_selected
     3  ray.init (or attach via RAY_ADDRESS)                                       ray_started (its metrics port)
@@ -18,8 +20,9 @@ buffer needs that client. Both are process-bound, so the controller builds them 
 the start of `run()` from the token, after this function returned. Every step
 emits an event (`events.EventLog`) so tests can check the order and the benchmark
 can split the start-up time. Any failure while restoring (steps 2 and 5) is raised
-as `RestoreFailed`, which the entrypoint maps to exit code 3. How long steps 2 and 5 took together is the
-restore's duration, which the controller exports (`telemetry`).
+as `RestoreFailed`, which the entrypoint maps by whose fault it is (`restore.refusal`: exit code 3 for a step
+that failed verification, 6 for a config mismatch, 7 for anything else). How long steps 2 and 5 took together is
+the restore's duration, which the controller exports (`telemetry`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from trainingrun_runtime.driver import (
     trainers,
 )
 from trainingrun_runtime.errors import GenerationLost
-from trainingrun_runtime.storage import fence, layout
+from trainingrun_runtime.storage import fence, layout, retention
 
 __all__ = ["DriverOptions", "Setup", "setup_single_controller"]
 
@@ -110,6 +113,12 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
     fence.claim(layout.run_dir(opts.root, opts.run), opts.run_uid, opts.attempt)
     ev.emit("run_dir_claimed", attempt=opts.attempt)
+    reporter = reporting.build(
+        opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt
+    )
+    orphaned = _set_aside_orphans(opts, reporter)
+    if orphaned:
+        ev.emit("checkpoints_set_aside", steps=orphaned)
     began = time.monotonic()
     chosen = restore.choose(
         opts.root, opts.run, opts.resume, opts.config, controller.replay_config(tcfg), fallback=opts.fallback
@@ -161,19 +170,33 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         sampler=rollout.sampler,
         ledger=rollout.ledger,
         restored=restored,
-        status_reporter=reporting.build(
-            opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt
-        ),
+        status_reporter=reporter,
         event_log=ev,
         crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
         progress_period_s=opts.progress_period_s,
         run_uid=opts.run_uid,
         namespace=opts.namespace,
         restore_s=restore_s if chosen is not None else None,
+        orphaned=tuple(orphaned[-reporting.ORPHANS_LISTED :]),
     )
     the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
     ev.emit("actor_created")
     return Setup(actor=the_actor, trainers=the_trainers, args=args)
+
+
+def _set_aside_orphans(opts: DriverOptions, reporter: reporting.Reporter) -> list[int]:
+    """With a pinned resume step: set aside the steps above it that the status records nowhere (`retention`).
+
+    Nothing is moved when the operator's view cannot be read (retention's lineage still protects every step).
+    """
+    if opts.resume == "latest" or not opts.resume.isdigit():
+        return []
+    view = reporter.operator_view()
+    if view is None:
+        log.warning("steps above the resume point were not set aside: the operator's view could not be read")
+        return []
+    recorded = view.recorded | set(opts.fallback)
+    return retention.set_aside(opts.root, opts.run, above=int(opts.resume), recorded=recorded)
 
 
 def _load_generators(generators: list[Any], the_trainers: trainers.Trainers, *, version: int, within_s: float) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import files, layout, verification
 
-__all__ = ["Lineage", "RetentionResult", "apply_retention"]
+__all__ = ["Lineage", "RetentionResult", "apply_retention", "set_aside"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,32 @@ def apply_retention(
     return RetentionResult(
         kept=[p for s, p in reversed(on_disk) if s not in gone], deleted=[p for _, p in doomed], outside=outside
     )
+
+
+def set_aside(root: str | os.PathLike[str], run: str, *, above: int, recorded: Collection[int]) -> list[int]:
+    """Move each `step_N` newer than `above` (the step an attempt resumes from) that is not in `recorded` (the
+    steps the status records) to `orphan_step_N`, fsync the run directory; returns the steps moved, oldest first.
+
+    Such a step belongs to no lineage the operator knows (saved by an ended attempt after its last recorded
+    report, or left above a pinned `resume.step`): set aside, it is never counted by retention, never chosen by
+    discovery, and never deleted. A second orphan of the same step takes the next free `orphan_step_N.K`.
+    """
+    run_path = layout.run_dir(root, run)
+    if not run_path.is_dir():
+        return []
+    keep = set(recorded)
+    moved = sorted(s for n in os.listdir(run_path) if (s := layout.step_of(n)) is not None and s > above)
+    moved = [s for s in moved if s not in keep]
+    for step in moved:
+        target = run_path / f"{layout.ORPHAN_PREFIX}{step}"
+        k = 1
+        while target.exists():
+            target, k = run_path / f"{layout.ORPHAN_PREFIX}{step}.{k}", k + 1
+        os.rename(run_path / layout.step_dirname(step), target)
+    if moved:
+        files.fsync_dir(run_path)
+        log.warning("%s: set aside %s (newer than step %d, never recorded)", run_path, moved, above)
+    return moved
 
 
 def _newest_valid(steps: list[tuple[int, Path]], run: str, trusted: Path | None) -> int | None:

@@ -167,6 +167,7 @@ def test_status_declares_every_field_of_the_runtime_contract() -> None:
         "restoreError",
         "finished",
         "badCheckpoints",
+        "orphanedCheckpoints",
     }
     assert set(runtime["lastCheckpoint"]["properties"]) == {
         "step",

@@ -207,14 +207,14 @@ def test_a_negative_period_is_refused_naming_it() -> None:
         reporting.ProgressReports(Recorder(), Training().status, period_s=-1)
 
 
-def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad() -> None:
+def test_the_operator_view_pins_the_newest_recorded_step_not_marked_bad_and_knows_every_recorded_one() -> None:
     view = reporting.OperatorView.of(
         {
             "attempt": {"number": 3, "start": "t"},
             "checkpoints": {"latest": {"step": 30}, "history": [{"step": 10}, {"step": 20}, {"step": 30}], "bad": [30]},
         }
     )
-    assert view == reporting.OperatorView(attempt=3, attempt_ended=False, pinned=20)
+    assert view == reporting.OperatorView(attempt=3, attempt_ended=False, pinned=20, recorded=frozenset({10, 20, 30}))
     assert reporting.OperatorView.of({}) == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
 
 
@@ -241,7 +241,9 @@ def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_t
     (tmp_path / "run" / "status.json").write_text(
         json.dumps({"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 8}}})
     )
-    assert rep.operator_view() == reporting.OperatorView(attempt=2, attempt_ended=False, pinned=8)
+    assert rep.operator_view() == reporting.OperatorView(
+        attempt=2, attempt_ended=False, pinned=8, recorded=frozenset({8})
+    )
     (tmp_path / "run" / "status.json").write_text("{half")
     assert rep.operator_view() is None  # unreadable: the caller skips retention rather than guess
 

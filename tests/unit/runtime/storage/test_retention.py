@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from trainingrun_runtime.errors import Superseded
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import MANIFEST
-from trainingrun_runtime.storage.retention import Lineage, apply_retention
+from trainingrun_runtime.storage.retention import Lineage, apply_retention, set_aside
 from trainingrun_runtime.storage.verification import discover, verify
 
 RUN = "demo"
@@ -161,3 +162,28 @@ def test_the_guard_runs_after_verification_and_before_anything_is_deleted(root: 
     calls: list[str] = []
     apply_retention(root, RUN, keep_last=1, guard=calls.append)
     assert (calls, steps_on_disk(root)) == (["apply retention"], [4])
+
+
+def test_steps_above_the_resume_point_that_the_status_does_not_record_are_set_aside_never_deleted(root: Path) -> None:
+    for step in (2, 4, 6, 8):
+        save(root, step)
+    assert set_aside(root, RUN, above=4, recorded={2, 4, 6}) == [8]
+    assert sorted(os.listdir(root / RUN)) == ["orphan_step_8", "step_2", "step_4", "step_6"]
+    assert json.loads((root / RUN / "orphan_step_8" / MANIFEST).read_text())["step"] == 8  # whole, out of the way
+    d = discover(root, RUN)
+    assert d.chosen is not None and d.chosen.manifest.step == 6
+    assert (
+        root / RUN / "orphan_step_8",
+        "moved aside: newer than the step an attempt resumed from, and never recorded",
+    ) in d.skipped
+    apply_retention(root, RUN, keep_last=1)
+    assert sorted(os.listdir(root / RUN)) == ["orphan_step_8", "step_6"]
+
+
+def test_a_second_orphan_of_the_same_step_takes_a_name_of_its_own(root: Path) -> None:
+    save(root, 8)
+    set_aside(root, RUN, above=4, recorded=())
+    save(root, 8)
+    assert set_aside(root, RUN, above=4, recorded=()) == [8]
+    assert sorted(os.listdir(root / RUN)) == ["orphan_step_8", "orphan_step_8.1"]
+    assert set_aside(root, "other", above=0, recorded=()) == []
