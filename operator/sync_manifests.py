@@ -9,7 +9,7 @@ Sources and what is generated from them:
   `# BEGIN GENERATED <name>` and `# END GENERATED <name>`: the schema of spec.ray.head.template and of
   spec.ray.workers[].template, which is KubeRay's PodTemplateSpec schema (itself Kubernetes'), narrowed to what a
   fragment may say (metadata: labels and annotations; no field required but the keys of keyed lists), with the
-  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns).
+  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns, what would escalate).
 - trainingrun_runtime.config.TrainerConfig (the runtime's config model) -> the region `trainer` of the same file:
   the schema of spec.trainer (trainingrun_operator.crdschema). The rest of that file is written by hand.
 - manifests/crd/trainingrun.dev_trainingruns.yaml (source) -> charts/trainingrun/crds/ (a byte-identical copy)
@@ -130,15 +130,20 @@ def template_schema(kuberay_template: dict[str, Any], group: podtemplate.Group) 
     pod = schema["properties"]["spec"]
     pod.pop("required", None)  # a fragment need not list the containers
     rules = podtemplate.cel_rules(group)
-    for node, where in (
-        (metadata, "metadata"),
-        (pod, "pod"),
-        (pod["properties"]["volumes"]["items"], "volume"),
-        (pod["properties"]["containers"]["items"], "container"),
-        (pod["properties"]["containers"]["items"]["properties"]["volumeMounts"]["items"], "mount"),
-    ):
-        assert "x-kubernetes-validations" not in node, where
-        node["x-kubernetes-validations"] = [_Block(rule) for rule in rules[where]]
+    volume = pod["properties"]["volumes"]["items"]
+    places: list[tuple[dict[str, Any], tuple[podtemplate.Where, ...]]] = [
+        (metadata, ("metadata",)),
+        (pod, ("pod",)),
+        (volume, ("volume",)),
+        (volume["properties"]["projected"]["properties"]["sources"]["items"], ("projection",)),
+    ]
+    for kind in podtemplate.CONTAINER_LISTS:
+        container = pod["properties"][kind]["items"]
+        own: tuple[podtemplate.Where, ...] = ("container",) if kind == "containers" else ()
+        places += [(container, (*own, "any-container")), (container["properties"]["volumeMounts"]["items"], ("mount",))]
+    for node, wheres in places:
+        assert "x-kubernetes-validations" not in node, wheres
+        node["x-kubernetes-validations"] = [_Block(rule) for where in wheres for rule in rules[where]]
     return {"description": TEMPLATE_DESCRIPTION[group], **_type_first(schema)}
 
 

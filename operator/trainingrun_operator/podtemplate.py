@@ -20,6 +20,12 @@ the same refusals into the CRD as CEL rules (`cel_rules`), so `kubectl apply` an
       terminationGracePeriodSeconds     securityContext, initContainers, topologySpreadConstraints... (the head's
                                         ServiceAccount and every group's grace period refused)
 
+Escalations (`ESCALATIONS`) are refused in every group, in every container of `containers`, `initContainers` and
+`ephemeralContainers`, the pod's securityContext and the volumes: privileged, allowPrivilegeEscalation true, added
+capabilities, runAsUser 0, runAsNonRoot false, host namespaces, hostPath, a projected ServiceAccount token, and
+on workers a `*-driver` ServiceAccount (another run's driver token patches that run's status). Mount paths at or
+under /checkpoints and /dev/shm are refused in every container of those lists.
+
 Merging: objects are merged key by key, lists are the operator's items then the fragment's, a value both give is
 the operator's (the rules below refuse such a fragment first, so this never decides anything). Containers are
 matched by name: the Ray container stays first (KubeRay runs Ray in `containers[0]`).
@@ -37,13 +43,17 @@ __all__ = [
     "CHECKPOINT_MOUNT",
     "CHECKPOINT_VOLUME",
     "CONTAINER_HEAD",
+    "CONTAINER_LISTS",
     "CONTAINER_WORKER",
+    "ESCALATIONS",
     "RULES",
     "SHM_MOUNT",
     "SHM_VOLUME",
+    "Escalation",
     "Group",
     "Refusal",
     "Rule",
+    "Where",
     "base",
     "cel_rules",
     "conflicts",
@@ -57,6 +67,9 @@ SHM_MOUNT = "/dev/shm"
 SHM_VOLUME = "dev-shm"
 CONTAINER_HEAD = "ray-head"
 CONTAINER_WORKER = "ray-worker"
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+"""The lists of a PodSpec whose containers the escalation and mount rules look at (the Ray container and the
+sidecars are in the first)."""
 
 Group = Literal["head", "worker"]
 Node = Literal["labels", "pod", "ray-container", "volume", "mount", "container-name", "sidecar"]
@@ -119,7 +132,11 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("volume", CHECKPOINT_VOLUME, "the checkpoint volume is spec.checkpoint.pvc"),
     Rule("volume", SHM_VOLUME, "the Ray container's /dev/shm; set the group's shmSize"),
-    Rule("mount", CHECKPOINT_MOUNT, "the Ray container's checkpoint volume (a sidecar may mount it elsewhere)"),
+    Rule(
+        "mount",
+        CHECKPOINT_MOUNT,
+        "the Ray container's checkpoint volume (a sidecar may mount the checkpoints volume elsewhere)",
+    ),
     Rule("mount", SHM_MOUNT, "the Ray container's memory-backed /dev/shm; set the group's shmSize"),
     Rule("container-name", CONTAINER_WORKER, "the worker groups' Ray container; the head's is ray-head", ("head",)),
     Rule("container-name", CONTAINER_HEAD, "the head's Ray container; the worker groups' is ray-worker", ("worker",)),
@@ -134,11 +151,99 @@ def _message(rule: Rule, group: Group) -> str:
         "pod": f"{rule.name} is set by the operator",
         "ray-container": f"{rule.name} of the Ray container ({ray}) is set by the operator",
         "volume": f"the volume name {rule.name} is the operator's",
-        "mount": f"the mount path {rule.name} is the operator's",
+        "mount": f"the mount path {rule.name} and every path under it are the operator's",
         "container-name": f"the container name {rule.name} is the operator's",
         "sidecar": f"a sidecar needs an image (to change the Ray container, name the entry {ray})",
     }[rule.node]
     return what if rule.node == "sidecar" else f"{what}: {rule.why}"
+
+
+Check = Literal["true", "false", "zero", "nonempty", "set", "driver"]
+"""What makes a value an escalation: `true`, `false`, the number 0, a non-empty list, being set at all, a name
+ending in `-driver`."""
+_SAID = {
+    "true": ": true is refused",
+    "false": ": false is refused",
+    "zero": ": 0 (root) is refused",
+    "nonempty": " is refused",
+    "set": " is refused",
+    "driver": ": *-driver is refused",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Escalation:
+    """A value that would give a pod more than an unprivileged pod has: at `node` (the PodSpec, each container of
+    every `CONTAINER_LISTS` list, each volume, each source of a projected volume), the field `path` under it,
+    refused when `check` holds, with why and what to do instead."""
+
+    node: Literal["pod", "container", "volume", "projection"]
+    path: tuple[str, ...]
+    check: Check
+    why: str
+    groups: tuple[Group, ...] = ("head", "worker")
+
+    @property
+    def message(self) -> str:
+        return f"{'.'.join(self.path)}{_SAID[self.check]}: {self.why}"
+
+    def breaks(self, node: Mapping[str, Any]) -> bool:
+        value: Any = node
+        for key in self.path:
+            if not isinstance(value, Mapping) or value.get(key) is None:
+                return False
+            value = value[key]
+        return {
+            "true": value is True,
+            "false": value is False,
+            "zero": value == 0 and not isinstance(value, bool),
+            "nonempty": isinstance(value, list) and len(value) > 0,
+            "set": True,
+            "driver": isinstance(value, str) and value.endswith("-driver"),
+        }[self.check]
+
+
+_NON_ROOT = "Ray pods run as a non-root user (the runtime image's UID is 1000): remove it or give another UID"
+_DRIVER = (
+    "<run>-driver is a run's driver ServiceAccount, whose token patches that run's status: give the worker group "
+    "a ServiceAccount of another name"
+)
+ESCALATIONS: tuple[Escalation, ...] = (
+    Escalation("pod", ("hostNetwork",), "true", "a Ray pod does not join the node's network namespace: remove it"),
+    Escalation("pod", ("hostPID",), "true", "a Ray pod does not join the node's process namespace: remove it"),
+    Escalation("pod", ("hostIPC",), "true", "a Ray pod does not join the node's IPC namespace: remove it"),
+    Escalation("pod", ("securityContext", "runAsUser"), "zero", _NON_ROOT),
+    Escalation("pod", ("securityContext", "runAsNonRoot"), "false", "the operator sets runAsNonRoot: remove it"),
+    Escalation("pod", ("serviceAccountName",), "driver", _DRIVER, ("worker",)),
+    Escalation("pod", ("serviceAccount",), "driver", _DRIVER, ("worker",)),
+    Escalation("container", ("securityContext", "privileged"), "true", "containers run unprivileged: remove it"),
+    Escalation(
+        "container",
+        ("securityContext", "allowPrivilegeEscalation"),
+        "true",
+        "no process of a Ray pod may gain privileges: remove it or set false",
+    ),
+    Escalation(
+        "container",
+        ("securityContext", "capabilities", "add"),
+        "nonempty",
+        "containers drop ALL capabilities and add none: remove capabilities.add",
+    ),
+    Escalation("container", ("securityContext", "runAsUser"), "zero", _NON_ROOT),
+    Escalation("container", ("securityContext", "runAsNonRoot"), "false", "the pod runs as non-root: remove it"),
+    Escalation(
+        "volume",
+        ("hostPath",),
+        "set",
+        "a Ray pod does not see the node's filesystem: use a persistentVolumeClaim, an emptyDir or a csi volume",
+    ),
+    Escalation(
+        "projection",
+        ("serviceAccountToken",),
+        "set",
+        "worker pods get no API token, and the head's is its driver's: remove the serviceAccountToken source",
+    ),
+)
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -250,6 +355,7 @@ def problems(fragment: Mapping[str, Any] | None, group: Group) -> list[Refusal]:
 
 def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
     rules = [r for r in RULES if group in r.groups]
+    escalations = [e for e in ESCALATIONS if group in e.groups]
     ray = ray_container(group)
     labels = _mapping(_mapping(fragment.get("metadata")).get("labels"))
     pod = _mapping(fragment.get("spec"))
@@ -258,24 +364,51 @@ def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
             yield Refusal(("metadata", "labels"), _message(rule, group))
         if rule.node == "pod" and rule.name in pod:
             yield Refusal(("spec", rule.name), _message(rule, group))
+    yield from _escalations(("spec",), pod, "pod", escalations)
     for index, volume in enumerate(_items(pod.get("volumes"))):
+        at: tuple[str | int, ...] = ("spec", "volumes", index)
         for rule in rules:
             if rule.node == "volume" and volume.get("name") == rule.name:
-                yield Refusal(("spec", "volumes", index, "name"), _message(rule, group))
-    for index, container in enumerate(_items(pod.get("containers"))):
-        at: tuple[str | int, ...] = ("spec", "containers", index)
-        is_ray = container.get("name") == ray
-        for rule in rules:
-            if rule.node == "container-name" and container.get("name") == rule.name:
                 yield Refusal((*at, "name"), _message(rule, group))
-            elif rule.node == "sidecar" and not is_ray and rule.name not in container:
-                yield Refusal((*at, rule.name), _message(rule, group))
-            elif rule.node == "ray-container" and is_ray and rule.name in container:
-                yield Refusal((*at, rule.name), _message(rule, group))
-            elif rule.node == "mount":
-                for m, mount in enumerate(_items(container.get("volumeMounts"))):
-                    if mount.get("mountPath") == rule.name:
+        yield from _escalations(at, volume, "volume", escalations)
+        for s, source in enumerate(_items(_mapping(volume.get("projected")).get("sources"))):
+            yield from _escalations((*at, "projected", "sources", s), source, "projection", escalations)
+    for kind in CONTAINER_LISTS:
+        for index, container in enumerate(_items(pod.get(kind))):
+            at = ("spec", kind, index)
+            if kind == "containers":
+                yield from _container_refusals(at, container, container.get("name") == ray, rules, group)
+            yield from _escalations(at, container, "container", escalations)
+            for m, mount in enumerate(_items(container.get("volumeMounts"))):
+                for rule in rules:
+                    if rule.node == "mount" and _at_or_under(mount.get("mountPath"), rule.name):
                         yield Refusal((*at, "volumeMounts", m, "mountPath"), _message(rule, group))
+
+
+def _container_refusals(
+    at: tuple[str | int, ...], container: Mapping[str, Any], is_ray: bool, rules: list[Rule], group: Group
+) -> Iterator[Refusal]:
+    """The rules of a `containers` entry: its name, a sidecar's image, what the Ray container may not set."""
+    for rule in rules:
+        if rule.node == "container-name" and container.get("name") == rule.name:
+            yield Refusal((*at, "name"), _message(rule, group))
+        elif rule.node == "sidecar" and not is_ray and rule.name not in container:
+            yield Refusal((*at, rule.name), _message(rule, group))
+        elif rule.node == "ray-container" and is_ray and rule.name in container:
+            yield Refusal((*at, rule.name), _message(rule, group))
+
+
+def _escalations(
+    at: tuple[str | int, ...], node: Mapping[str, Any], where: str, escalations: list[Escalation]
+) -> Iterator[Refusal]:
+    for escalation in escalations:
+        if escalation.node == where and escalation.breaks(node):
+            yield Refusal((*at, *escalation.path), escalation.message)
+
+
+def _at_or_under(path: Any, owned: str) -> bool:
+    """`path` is `owned` or below it (`/checkpoints`, `/checkpoints/`, `/checkpoints/x`; not `/checkpointsx`)."""
+    return isinstance(path, str) and (path == owned or path.startswith(owned + "/"))
 
 
 def conflicts(fragment: Mapping[str, Any] | None, node_selector: Mapping[str, str] | None) -> list[Refusal]:
@@ -309,17 +442,27 @@ def _items(value: Any) -> list[Mapping[str, Any]]:
 
 # ----------------------------------------------------------------------------------------- CEL (the CRD)
 
-Where = Literal["metadata", "pod", "volume", "container", "mount"]
+Where = Literal["metadata", "pod", "volume", "projection", "container", "any-container", "mount"]
 """The node of the pod template schema a CEL rule sits on: `template.metadata`, `template.spec`,
-`template.spec.volumes[*]`, `template.spec.containers[*]`, `template.spec.containers[*].volumeMounts[*]`."""
+`template.spec.volumes[*]`, `template.spec.volumes[*].projected.sources[*]`, `template.spec.containers[*]`, every
+container of the `CONTAINER_LISTS` lists (`any-container`) and each one's `volumeMounts[*]` (`mount`)."""
 
 
 def cel_rules(group: Group) -> dict[Where, list[dict[str, str]]]:
-    """The `x-kubernetes-validations` of each node of a group's template schema: the same `RULES`, the same
-    messages, each pointing at the field (`fieldPath`) so that the API server names it. Each rule looks at one
-    node, never iterates a list: the API server's cost estimate refuses a rule that walks a container's mounts
-    (the lists are unbounded), which is why a mount path is refused in every container, not only the Ray one."""
-    out: dict[Where, list[dict[str, str]]] = {"metadata": [], "pod": [], "volume": [], "container": [], "mount": []}
+    """The `x-kubernetes-validations` of each node of a group's template schema: the same `RULES` and
+    `ESCALATIONS`, the same messages, each pointing at the field (`fieldPath`) so that the API server names it.
+    Each rule looks at one node, never iterates a list: the API server's cost estimate refuses a rule that walks a
+    container's mounts (the lists are unbounded), which is why a mount path is refused in every container, not
+    only the Ray one."""
+    out: dict[Where, list[dict[str, str]]] = {
+        "metadata": [],
+        "pod": [],
+        "volume": [],
+        "projection": [],
+        "container": [],
+        "any-container": [],
+        "mount": [],
+    }
     ray = ray_container(group)
     for rule in (r for r in RULES if group in r.groups):
         where: Where
@@ -336,9 +479,36 @@ def cel_rules(group: Group) -> dict[Where, list[dict[str, str]]]:
         elif rule.node == "ray-container":
             where, cel, path = "container", f"self.name != {_quoted(ray)} || !has(self.{rule.name})", f".{rule.name}"
         else:
-            where, cel, path = "mount", f"self.mountPath != {_quoted(rule.name)}", ".mountPath"
+            owned = _quoted(rule.name)
+            cel = f"self.mountPath != {owned} && !self.mountPath.startsWith({_quoted(rule.name + '/')})"
+            where, path = "mount", ".mountPath"
         out[where].append({"rule": cel, "message": _message(rule, group), "fieldPath": path})
+    for escalation in (e for e in ESCALATIONS if group in e.groups):
+        node: Where = "any-container" if escalation.node == "container" else escalation.node
+        out[node].append(
+            {
+                "rule": _escalation_cel(escalation),
+                "message": escalation.message,
+                "fieldPath": "." + ".".join(escalation.path),
+            }
+        )
     return out
+
+
+def _escalation_cel(escalation: Escalation) -> str:
+    """`!has(self.a) || !has(self.a.b) || <the value of self.a.b is not an escalation>`."""
+    fields = ["self." + ".".join(escalation.path[: i + 1]) for i in range(len(escalation.path))]
+    absent = " || ".join(f"!has({f})" for f in fields)
+    value = fields[-1]
+    fine = {
+        "true": f"{value} != true",
+        "false": f"{value} != false",
+        "zero": f"{value} != 0",
+        "nonempty": f"size({value}) == 0",
+        "set": "",
+        "driver": f"!{value}.endsWith('-driver')",
+    }[escalation.check]
+    return f"{absent} || {fine}" if fine else absent
 
 
 def _quoted(text: str) -> str:

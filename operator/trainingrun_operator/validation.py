@@ -19,8 +19,10 @@ What `spec_problem` checks, beyond what the CRD's schema already did:
   a worker group, must be a JSON object of numbers with safe names (`RAY_RESOURCE_PATTERN`), which CEL cannot parse;
 - placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
   KubeRay derives from the CPU limit, else from the request);
-- pod templates: what the operator owns (`podtemplate.problems`, the same rules the CRD's CEL rules apply, so that
-  `trainingrun run` says what `kubectl apply` says), a nodeSelector key that the group and its template give
+- pod templates: what the operator owns and what would escalate (privileged, host namespaces, hostPath, root, added
+  capabilities, a projected ServiceAccount token, a `*-driver` ServiceAccount: `podtemplate.problems`, the same
+  rules the CRD's CEL rules apply, so that `trainingrun run` says what `kubectl apply` says), a nodeSelector key
+  that the group and its template give
   different values, and a mount of a volume that no one defines (the Pod's own validation, which would otherwise
   fail only when KubeRay creates the pod).
 These are not CEL rules: CEL cannot parse JSON, and repeating KubeRay's num-cpus derivation (quantities that are

@@ -4,13 +4,16 @@ refused naming the field, by the operator's own check with the same words as the
 from __future__ import annotations
 
 import copy
+import pathlib
 from typing import Any
 
 import pytest
+import yaml
 
 from support import templates
 from trainingrun_operator import model, podtemplate, rayjob, validation
 
+EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
 LABELS = {"trainingrun.dev/run": "r", "trainingrun.dev/attempt": "2", "app.kubernetes.io/managed-by": "x"}
 
 
@@ -187,6 +190,111 @@ def _mounting(name: str, volumes: list[str]) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------------------- escalations
+
+_H, _W = "spec.ray.head.template.spec", "spec.ray.workers.0.template.spec"
+_CACHE = [{"name": "cache", "emptyDir": {}}]
+
+
+def _in(kind: str, name: str, **fields: Any) -> dict[str, Any]:
+    """A fragment with one container `name` in the list `kind` (an image unless it is a Ray container)."""
+    image = {} if name.startswith("ray-") else {"image": "busybox:1.36"}
+    return {"spec": {"volumes": _CACHE, kind: [{"name": name, **image, **fields}]}}
+
+
+def _context(**fields: Any) -> dict[str, Any]:
+    return {"securityContext": fields}
+
+
+def _mount(path: str) -> dict[str, Any]:
+    return {"volumeMounts": [{"name": "cache", "mountPath": path}]}
+
+
+ESCALATING = [  # (id, group, fragment, the field the refusal names, words of it)
+    ("privileged Ray container", "head", _in("containers", "ray-head", **_context(privileged=True)),
+     f"{_H}.containers.0.securityContext.privileged", "privileged: true is refused"),
+    ("privileged sidecar", "worker", _in("containers", "sync", **_context(privileged=True)),
+     f"{_W}.containers.0.securityContext.privileged", "unprivileged"),
+    ("privilege escalation in an init container", "worker",
+     _in("initContainers", "setup", **_context(allowPrivilegeEscalation=True)),
+     f"{_W}.initContainers.0.securityContext.allowPrivilegeEscalation", "gain privileges"),
+    ("an added capability", "worker", _in("containers", "ray-worker", **_context(capabilities={"add": ["IPC_LOCK"]})),
+     f"{_W}.containers.0.securityContext.capabilities.add", "drop ALL capabilities"),
+    ("a capability in an ephemeral container", "head",
+     _in("ephemeralContainers", "debug", **_context(capabilities={"add": ["SYS_ADMIN"]})),
+     f"{_H}.ephemeralContainers.0.securityContext.capabilities.add", "remove capabilities.add"),
+    ("the node's PID namespace", "worker", {"spec": {"hostPID": True}}, f"{_W}.hostPID", "process namespace"),
+    ("the node's network", "head", {"spec": {"hostNetwork": True}}, f"{_H}.hostNetwork", "network namespace"),
+    ("the node's IPC namespace", "worker", {"spec": {"hostIPC": True}}, f"{_W}.hostIPC", "IPC namespace"),
+    ("a hostPath of /", "worker", {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
+     f"{_W}.volumes.0.hostPath", "the node's filesystem"),
+    ("a projected ServiceAccount token", "worker",
+     {"spec": {"volumes": [{"name": "t", "projected": {"sources": [
+         {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]}},
+     f"{_W}.volumes.0.projected.sources.1.serviceAccountToken", "no API token"),
+    ("root for the pod", "worker", {"spec": {"securityContext": {"runAsUser": 0}}},
+     f"{_W}.securityContext.runAsUser", "0 (root) is refused"),
+    ("root for a container", "head", _in("initContainers", "setup", **_context(runAsUser=0)),
+     f"{_H}.initContainers.0.securityContext.runAsUser", "non-root"),
+    ("root allowed for the pod", "head", {"spec": {"securityContext": {"runAsNonRoot": False}}},
+     f"{_H}.securityContext.runAsNonRoot", "false is refused"),
+    ("another run's driver ServiceAccount", "worker", {"spec": {"serviceAccountName": "other-run-driver"}},
+     f"{_W}.serviceAccountName", "patches that run's status"),
+    ("the same by its old name", "worker", {"spec": {"serviceAccount": "tiny-driver"}},
+     f"{_W}.serviceAccount", "*-driver is refused"),
+    ("a mount at /checkpoints/", "worker", _in("containers", "sync", **_mount("/checkpoints/")),
+     f"{_W}.containers.0.volumeMounts.0.mountPath", "/checkpoints and every path under it"),
+    ("a mount under /checkpoints", "head", _in("containers", "ray-head", **_mount("/checkpoints/other-run")),
+     f"{_H}.containers.0.volumeMounts.0.mountPath", "the operator's"),
+    ("a mount at /checkpoints in an init container", "worker", _in("initContainers", "setup", **_mount("/checkpoints")),
+     f"{_W}.initContainers.0.volumeMounts.0.mountPath", "checkpoint volume"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("group", "fragment", "path", "says"), [c[1:] for c in ESCALATING], ids=[c[0] for c in ESCALATING]
+)
+def test_a_fragment_that_escalates_is_refused_naming_the_field(
+    group: str, fragment: dict[str, Any], path: str, says: str
+) -> None:
+    doc = templates.with_templates(**{group: fragment})
+    (problem,) = validation.run_problems(doc)
+    assert (problem.path, says in problem.explained) == (path, True), problem.explained
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    assert validation.spec_problem(spec) == f"{path}: {problem.message}", "the operator fails the run so"
+
+
+NOT_ESCALATING = [
+    ("unprivileged and dropping ALL", _in("containers", "ray-worker", **_context(
+        privileged=False, allowPrivilegeEscalation=False, capabilities={"drop": ["ALL"], "add": []}, runAsUser=1000,
+        runAsNonRoot=True))),
+    ("no host namespaces, said", {"spec": {"hostPID": False, "hostNetwork": False, "hostIPC": False}}),
+    ("a pod UID and group", {"spec": {"securityContext": {"runAsUser": 1000, "runAsGroup": 0, "fsGroup": 1000}}}),
+    ("a projected ConfigMap", {"spec": {"volumes": [{"name": "p", "projected": {"sources": [
+        {"configMap": {"name": "c"}}]}}]}}),
+    ("a ServiceAccount that only has driver in its name", {"spec": {"serviceAccountName": "driver"}}),
+    ("a mount beside /checkpoints", _in("containers", "ray-worker", **_mount("/checkpointsx"))),
+    ("the checkpoints volume elsewhere in a sidecar", {"spec": {"containers": [{"name": "sync", "image": "b:1",
+        "volumeMounts": [{"name": "checkpoints", "mountPath": "/data", "readOnly": True}]}]}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fragment", [c[1] for c in NOT_ESCALATING], ids=[c[0] for c in NOT_ESCALATING])
+def test_a_fragment_that_asks_for_nothing_more_than_an_unprivileged_pod_is_accepted(fragment: dict[str, Any]) -> None:
+    assert validation.run_problems(templates.with_templates(worker=fragment)) == []
+
+
+def test_the_shipped_examples_pass_and_the_head_still_runs_as_its_own_driver() -> None:
+    for example in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(example.read_text()):
+            if doc and doc.get("kind") == "TrainingRun":
+                assert validation.run_problems(doc) == [], example.name
+    doc = templates.with_templates(head=templates.HEAD, worker=templates.WORKER)
+    body = rayjob.build_rayjob("tiny", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(doc["spec"]))
+    head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == "tiny-driver", "the operator's own -driver account is not the user's"
+
+
 # ------------------------------------------------------------------------------------- the CRD's CEL rules
 
 
@@ -194,7 +302,8 @@ def _mounting(name: str, volumes: list[str]) -> dict[str, Any]:
 def test_each_rule_becomes_one_cel_rule_with_the_same_message_and_the_field_it_names(group: podtemplate.Group) -> None:
     rules = podtemplate.cel_rules(group)
     mine = [r for r in podtemplate.RULES if group in r.groups]
-    assert sum(len(v) for v in rules.values()) == len(mine)
+    mine_too = [e for e in podtemplate.ESCALATIONS if group in e.groups]
+    assert sum(len(v) for v in rules.values()) == len(mine) + len(mine_too)
     refused_words = {r.message for r in podtemplate.problems(_breaking_every_rule(group), group)}
     assert {c["message"] for v in rules.values() for c in v} == refused_words
     assert all(c["fieldPath"].startswith(".") for v in rules.values() for c in v)
@@ -207,17 +316,28 @@ def test_no_cel_rule_walks_a_list_so_the_api_servers_cost_estimate_accepts_it() 
 
 
 def _breaking_every_rule(group: podtemplate.Group) -> dict[str, Any]:
-    """A fragment that breaks every rule of `group` once."""
+    """A fragment that breaks every rule and every escalation of `group` once."""
     ray, other = ("ray-head", "ray-worker") if group == "head" else ("ray-worker", "ray-head")
     rules = [r for r in podtemplate.RULES if group in r.groups]
     ray_keys = {r.name: "x" for r in rules if r.node == "ray-container"}
     mounts = [{"name": "v", "mountPath": r.name} for r in rules if r.node == "mount"]
+    nodes: dict[str, dict[str, Any]] = {"pod": {}, "container": {}, "volume": {}, "projection": {}}
+    bad = {"true": True, "false": False, "zero": 0, "nonempty": ["X"], "set": {}, "driver": "other-driver"}
+    for escalation in (e for e in podtemplate.ESCALATIONS if group in e.groups):
+        node = nodes[escalation.node]
+        for key in escalation.path[:-1]:
+            node = node.setdefault(key, {})
+        node[escalation.path[-1]] = bad[escalation.check]
     return {
         "metadata": {"labels": {r.name: "x" for r in rules if r.node == "labels"}},
         "spec": {
             **{r.name: "x" for r in rules if r.node == "pod"},
-            "volumes": [{"name": r.name} for r in rules if r.node == "volume"],
-            "containers": [{"name": ray, **ray_keys, "volumeMounts": mounts}, {"name": other}],
+            **nodes["pod"],
+            "volumes": [
+                *({"name": r.name} for r in rules if r.node == "volume"),
+                {"name": "p", **nodes["volume"], "projected": {"sources": [nodes["projection"]]}},
+            ],
+            "containers": [{"name": ray, **ray_keys, **nodes["container"], "volumeMounts": mounts}, {"name": other}],
         },
     }
 
