@@ -14,7 +14,8 @@ that KubeRay made for a RayJob already being deleted (it never runs a driver). T
 read from etcd: its status is what every decision builds on. The lists select by the run's label; what of them
 is the run's is the reconciler's to decide, by owner references (`observation.run_rayjobs`, `observation.of_run`).
 A create that finds its object there already (409) returns False; the caller reads that object and adopts it
-only if it is the run's own (`identity.refusal`). What the operator may call is exactly what the chart's
+only if it is the run's own (`identity.refusal`); the run's NetworkPolicy it then sets back to what the operator
+writes, if it says otherwise (`patch_network_policy_spec`). What the operator may call is exactly what the chart's
 ClusterRole grants (charts/trainingrun/templates/clusterrole.yaml); a new call here needs a rule there.
 """
 
@@ -105,6 +106,7 @@ class Api:
         self._custom = kubernetes.client.CustomObjectsApi(self._client)
         self._core = kubernetes.client.CoreV1Api(self._client)
         self._rbac = kubernetes.client.RbacAuthorizationV1Api(self._client)
+        self._networking = kubernetes.client.NetworkingV1Api(self._client)
 
     def close(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
@@ -287,6 +289,35 @@ class Api:
         """A RoleBinding, or None if it is gone (read after a 409, to see whose it is and what it binds)."""
         return await self._read(
             f"get rolebinding {namespace}/{name}", self._rbac.read_namespaced_role_binding, name, namespace
+        )
+
+    # ---------------------------------------------------------------------------- network policy
+
+    async def create_network_policy(self, body: Mapping[str, Any]) -> bool:
+        """Create the run's NetworkPolicy; False if one exists under its name (409)."""
+        meta = body["metadata"]
+        return await self._create(
+            f"create networkpolicy {meta['namespace']}/{meta['name']}",
+            self._networking.create_namespaced_network_policy,
+            meta["namespace"],
+            dict(body),
+        )
+
+    async def get_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A NetworkPolicy, or None if it is gone (read after a 409, to see whose it is and what it admits)."""
+        return await self._read(
+            f"get networkpolicy {namespace}/{name}", self._networking.read_namespaced_network_policy, name, namespace
+        )
+
+    async def patch_network_policy_spec(self, namespace: str, name: str, spec: Mapping[str, Any]) -> None:
+        """Replace a NetworkPolicy's whole spec (a JSON patch; a merge patch would keep selector keys it omits)."""
+        await self._call(
+            f"patch networkpolicy {namespace}/{name}",
+            self._networking.patch_namespaced_network_policy,
+            name,
+            namespace,
+            [{"op": "replace", "path": "/spec", "value": dict(spec)}],
+            _content_type="application/json-patch+json",
         )
 
     async def _create(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:

@@ -8,7 +8,8 @@ The names are fixed, so a create may find an object there already (409). `refusa
 adopted: only if it is this run's own (an owner reference with the TrainingRun's uid) and, for the Role and the
 RoleBinding, grants and binds exactly what the builders here write. Anything else (another run's object, one
 that someone made by hand, a binding of the run's ServiceAccount to another Role) is refused, never patched:
-a run never starts with an identity it did not make. The same rule serves an attempt's RayJob.
+a run never starts with an identity it did not make. The same rule serves an attempt's RayJob and the run's
+NetworkPolicy (`netpolicy.py`; the reconciler sets the spec of the run's own back to what the operator writes).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ Called by `handlers.supervise` (one coroutine per run, so a run is never reconci
              `observation.of_run`); the nodes the current attempt's pods sit on
     decide (decision.py, pure): that field fails the run (Failed/InvalidSpec) like any other invalid spec
     write the status patch ─ identities (attempt number, RayJob and ServiceAccount names) land here first;
-                              the driver's identity objects (fixed names) are created alongside
+                              the driver's identity objects (fixed names) are created alongside, and so is the
+                              run's NetworkPolicy whenever an attempt starts (`netpolicy.py`; set back to what the
+                              operator writes if it says otherwise)
     act: RayJob create (409 = adopt if the run's own) / delete, then events; an object under one of the run's
          names that is not the run's (`identity.refusal`) is refused: its message goes into status.reason/message
          and a Warning event, and the pass fails, to be retried (`errors.ForeignObject`)
@@ -41,6 +43,7 @@ from trainingrun_operator import (
     identity,
     model,
     naming,
+    netpolicy,
     observation,
     queueing,
     rayjob,
@@ -60,6 +63,8 @@ FOREIGN_OBJECT = "ForeignObject"
 """The event and status reason of a run refused an object under one of its names (`errors.ForeignObject`)."""
 FOREIGN_OBJECT_GONE = "ForeignObjectGone"
 """The event and status reason once the run's own objects are in place after such a refusal."""
+UPDATED_NETWORK_POLICY = "UpdatedNetworkPolicy"
+"""The event reason of a run's NetworkPolicy set back to what the operator writes."""
 
 
 def utc_now() -> datetime.datetime:
@@ -201,11 +206,11 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
             meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback, action.queue
         )
         try:
-            created = await _ensure(api.create_rayjob, api.get_rayjob, body, uid)
+            adopted = await _ensure(api.create_rayjob, api.get_rayjob, body, uid)
         except errors.ApiError as exc:
             await _event(api, obj, "Warning", "FailedToCreateRayJob", f"RayJob {action.ray_job_name}: {exc}")
             raise
-        reason = "CreatedRayJob" if created else "AdoptedRayJob"
+        reason = "CreatedRayJob" if adopted is None else "AdoptedRayJob"
         await _event(api, obj, "Normal", reason, f"RayJob {action.ray_job_name} for attempt {action.number}")
     elif isinstance(action, decision.DeleteRayJob):
         try:
@@ -222,14 +227,15 @@ async def _ensure(
     get: Callable[[str, str], Awaitable[dict[str, Any] | None]],
     body: dict[str, Any],
     uid: str,
-) -> bool:
-    """Create `body`, or adopt the object already under its name if it is the run's own; True if created.
+) -> dict[str, Any] | None:
+    """Create `body`, or adopt the object already under its name if it is the run's own; None if created, else the
+    object adopted (as read).
 
     errors.ForeignObject (naming the object, its owner and the fix) if it is not (`identity.refusal`): it is left
     as it is, and nothing that would use it is created.
     """
     if await create(body):
-        return True
+        return None
     meta = body["metadata"]
     existing = await get(meta["namespace"], meta["name"])
     if existing is None:
@@ -237,7 +243,26 @@ async def _ensure(
     problem = identity.refusal(existing, body, uid)
     if problem is not None:
         raise errors.ForeignObject(problem)
-    return False
+    return existing
+
+
+async def _ensure_network_policy(
+    api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, sources: netpolicy.Sources
+) -> None:
+    """Create the run's NetworkPolicy, or adopt the run's own and set its spec back to the operator's if it differs
+    (the settings or the run's Ray ports changed, or someone edited it). One that is not the run's is refused
+    (errors.ForeignObject): an earlier run's, which the garbage collector is removing, would go with it."""
+    assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
+    meta = run.meta
+    namespace, uid = meta.namespace or "default", meta.uid or ""
+    body = netpolicy.build(meta.name, namespace, uid, run.spec, sources)
+    adopted = await _ensure(api.create_network_policy, api.get_network_policy, body, uid)
+    if adopted is None or adopted.get("spec") == body["spec"]:
+        return
+    name = body["metadata"]["name"]
+    await api.patch_network_policy_spec(namespace, name, body["spec"])
+    message = f"NetworkPolicy {name} admitted other traffic than the operator writes for this run; its spec is set back"
+    await _event(api, obj, "Normal", UPDATED_NETWORK_POLICY, message)
 
 
 async def _event(api: apiclient.Api, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
@@ -258,6 +283,7 @@ async def reconcile(
     *,
     not_before: float | None = None,
     metrics: metrics_.Exporter | None = None,
+    network: netpolicy.Sources | None = netpolicy.DEFAULT,
 ) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events).
 
@@ -268,6 +294,8 @@ async def reconcile(
     less than `READ_AHEAD_LIMIT` before it waits for it before deciding (reads a few tens of milliseconds old,
     as in any pass), so that a backoff ends on time; a pass further ahead (woken by an event) decides at once.
     `metrics` learns what the pass changed once the status is written, and how long the pass took.
+    `network`: who besides the run's own pods may reach them, in the NetworkPolicy ensured before each attempt's
+    RayJob (None: the operator makes no NetworkPolicy).
     """
     began, waited = time.monotonic(), 0.0
     try:
@@ -281,7 +309,7 @@ async def reconcile(
         run = read(obj)
         observed = await observe(api, namespace, name, run.meta.uid, run.status, jobs, pods, memory)
         waited = await _wait_until(not_before)
-        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics)
+        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics, network)
     finally:
         if metrics is not None:
             metrics.reconciled(time.monotonic() - began - waited)
@@ -296,6 +324,7 @@ async def _decide_and_apply(
     observed: observation.AttemptObservation,
     clock: Clock,
     metrics: metrics_.Exporter | None,
+    network: netpolicy.Sources | None = None,
 ) -> float | None:
     """The rest of `reconcile` once the reads are done: decide, write, act; the metrics after the write."""
     now, decided = clock(), time.monotonic()
@@ -318,7 +347,7 @@ async def _decide_and_apply(
             meta = run.meta
             metrics.passed(namespace, name, meta.uid, run.status, result.status, now, meta.creation_timestamp)
 
-    await _apply(api, obj, run, result, written)
+    await _apply(api, obj, run, result, written, network)
     if result.requeue_after is None:
         return None
     return max(0.0, result.requeue_after - (time.monotonic() - decided))
@@ -340,22 +369,29 @@ async def _apply(
     run: Snapshot,
     result: decision.Decision,
     written: Callable[[], None] | None = None,
+    network: netpolicy.Sources | None = None,
 ) -> None:
     """Carry out a decision: the status write (and the identity objects beside it), the other actions, the events.
 
     The status write and the driver's identity objects go out together: the identity objects have fixed names
     (a crash between the two leaves objects the next pass adopts on 409) and grant nothing until a pod uses them.
-    Every other action (the RayJob above all) waits until the status names it. An action that fails after the
-    status was written still lets the decision's events go out (the status already says what happened); its
-    error is raised last. `written` is called once the status write succeeded (what the status now says happened).
-    A refused object (`errors.ForeignObject`) is also told in the status and an event (`_tell_ownership`).
+    So does the run's NetworkPolicy, with `network`, whenever the decision creates an attempt (every attempt, not
+    only the first: a run from before the policy, or whose policy was deleted, gets it before its next RayJob).
+    Every other action (the RayJob above all) waits until the status names it and those objects exist. An action
+    that fails after the status was written still lets the decision's events go out (the status already says what
+    happened); its error is raised last. `written` is called once the status write succeeded (what the status now
+    says happened). A refused object (`errors.ForeignObject`) is also told in the status and an event
+    (`_tell_ownership`).
     """
     namespace, name = run.meta.namespace or "default", run.meta.name
     identities = [a for a in result.actions if isinstance(a, decision.EnsureIdentity)]
     others = [a for a in result.actions if not isinstance(a, (decision.Event, decision.EnsureIdentity))]
+    starts = any(isinstance(a, decision.CreateAttempt) for a in others)
+    policies = [_ensure_network_policy(api, obj, run, network)] if network is not None and starts else []
     status_written, *ensured = await asyncio.gather(
         _write_status(api, namespace, name, result.patch),
         *(_act(api, obj, run, a) for a in identities),
+        *policies,
         return_exceptions=True,
     )
     if isinstance(status_written, BaseException):
@@ -412,7 +448,10 @@ async def _tell_ownership(
     ):
         number = status.attempt.number if status.attempt else 0
         reason, kind = FOREIGN_OBJECT_GONE, "Normal"
-        message = f"the driver's identity and the RayJob of attempt {number} are this run's own now; it goes on"
+        message = (
+            f"the driver's identity, the NetworkPolicy and the RayJob of attempt {number} are this run's own now; "
+            "it goes on"
+        )
     else:
         return
     try:

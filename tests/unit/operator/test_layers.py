@@ -25,6 +25,7 @@ PURE = [
     "rayjob",
     "podtemplate",
     "identity",
+    "netpolicy",
     "departures",
     "errors",
     "figures",

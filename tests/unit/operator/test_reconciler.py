@@ -156,6 +156,16 @@ class FakeApi:
     async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get("get rayjob", "RayJob", name)
 
+    async def create_network_policy(self, body: dict[str, Any]) -> bool:
+        return await self._create("create networkpolicy", body)
+
+    async def get_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get("get networkpolicy", "NetworkPolicy", name)
+
+    async def patch_network_policy_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        await self._call("patch networkpolicy")
+        self.objects[("NetworkPolicy", name)]["spec"] = copy.deepcopy(spec)
+
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         for job in self.jobs:
             if job["metadata"]["name"] == name:
@@ -578,3 +588,122 @@ async def test_a_pod_of_the_ended_attempt_whose_rayjob_is_gone_still_holds_back_
     api.pods.clear()
     await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
     assert "start create rayjob" in api.log, "once they are gone, it starts"
+
+
+# ------------------------------------------------------------------------------------ the run's NetworkPolicy
+
+
+def network_policy(sources: Any = None) -> dict[str, Any]:
+    """The NetworkPolicy the operator writes for `tiny()` (with the default settings unless `sources`)."""
+    from trainingrun_operator import netpolicy
+
+    spec = reconciler.read(tiny()).spec
+    assert spec is not None
+    return netpolicy.build("tiny", "ns", "u-1", spec, sources or netpolicy.DEFAULT)
+
+
+async def test_the_network_policy_goes_out_with_the_status_write_and_the_rayjob_only_after_it() -> None:
+    api = FakeApi(tiny(), delay=0.01)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "patch status" in api.overlapped["create networkpolicy"], "no round trip of its own before the RayJob"
+    assert api.log.index("end create networkpolicy") < api.log.index("start create rayjob"), api.log
+    assert api.objects[("NetworkPolicy", "tiny-ray")] == network_policy()
+
+
+async def test_every_attempt_ensures_the_network_policy_not_only_the_first() -> None:
+    """A run that started before the operator made policies (or whose policy was deleted) gets one before its next
+    RayJob; one the run already has is adopted as it is."""
+    api = FakeApi(restarting(0.0))
+    await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
+    assert "start create serviceaccount" not in api.log, "attempt 2: the identity exists since attempt 1"
+    assert api.log.index("end create networkpolicy") < api.log.index("start create rayjob"), api.log
+    assert api.objects[("NetworkPolicy", "tiny-ray")] == network_policy()
+
+    api = FakeApi(restarting(0.0))
+    api.objects[("NetworkPolicy", "tiny-ray")] = network_policy()
+    await reconciler.reconcile(api, "ns", "tiny", reconciler.utc_now)  # type: ignore[arg-type]
+    assert "end get networkpolicy" in api.log and "start create rayjob" in api.log, api.log
+    assert "start patch networkpolicy" not in api.log and "UpdatedNetworkPolicy" not in {r for r, _ in api.events}
+
+
+async def test_a_pass_that_starts_no_attempt_makes_no_network_policy_call() -> None:
+    run, jobs = running_attempt_whose_rayjob_failed()
+    api = FakeApi(run, jobs)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "start delete rayjob tiny-a1" in api.log, "the pass ended the attempt"
+    assert not [line for line in api.log if "networkpolicy" in line], api.log
+
+
+@pytest.mark.parametrize(
+    ("owners", "whose"), [([], "owned by nobody"), ([ANOTHER_RUN], "TrainingRun tiny (uid u-old)")]
+)
+async def test_a_network_policy_that_another_owns_is_refused_named_and_left_alone(
+    owners: list[dict[str, Any]], whose: str
+) -> None:
+    """An earlier run's policy is on its way out (the garbage collector): adopted, it would go, and leave the
+    run's pods open."""
+    api = FakeApi(tiny())
+    found = foreign(network_policy(), owners)
+    found["spec"]["ingress"].append({})  # admits everyone: it is not set back either, it is not the run's
+    api.objects[("NetworkPolicy", "tiny-ray")] = copy.deepcopy(found)
+    with pytest.raises(errors.ForeignObject) as refused:
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "NetworkPolicy ns/tiny-ray exists and is " in message and whose in message
+    assert "kubectl delete networkpolicy -n ns tiny-ray" in message
+    assert api.objects[("NetworkPolicy", "tiny-ray")] == found, "the foreign object is not touched"
+    assert "start patch networkpolicy" not in api.log and "start create rayjob" not in api.log
+    status = api.run["status"]
+    assert (status["phase"], status["reason"], status["message"]) == ("Starting", "ForeignObject", message)
+    assert ("ForeignObject", message) in api.events
+
+
+async def test_the_run_s_own_network_policy_that_admits_otherwise_is_set_back_before_the_rayjob() -> None:
+    """The settings changed, the run's Ray ports changed, or someone edited it: the operator's spec is the one."""
+    api = FakeApi(tiny())
+    edited = network_policy()
+    edited["spec"]["ingress"].append({})  # from anyone, on any port
+    edited["spec"]["podSelector"]["matchLabels"]["narrower"] = "yes"  # selects none of the run's pods
+    api.objects[("NetworkPolicy", "tiny-ray")] = edited
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert api.objects[("NetworkPolicy", "tiny-ray")]["spec"] == network_policy()["spec"]
+    assert api.log.index("end patch networkpolicy") < api.log.index("start create rayjob"), api.log
+    assert "UpdatedNetworkPolicy" in {r for r, _ in api.events}
+
+
+async def test_the_kuberay_and_metrics_sources_come_from_the_settings() -> None:
+    from trainingrun_operator import netpolicy
+
+    sources = netpolicy.Sources(
+        kuberay_labels={"app": "kuberay"}, kuberay_namespace="ray-system", metrics_namespaces=("monitoring",)
+    )
+    api = FakeApi(tiny())
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, network=sources)  # type: ignore[arg-type]
+    made = api.objects[("NetworkPolicy", "tiny-ray")]
+    assert made == network_policy(sources) != network_policy()
+    kuberay, scrapers = made["spec"]["ingress"][1]["from"][0], made["spec"]["ingress"][2]["from"][0]
+    assert kuberay["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ray-system"}}
+    assert kuberay["podSelector"]["matchLabels"] == {"app": "kuberay"}
+    assert scrapers["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+
+
+async def test_without_network_settings_the_operator_makes_no_network_policy() -> None:
+    api = FakeApi(tiny())
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, network=None)  # type: ignore[arg-type]
+    assert "start create rayjob" in api.log, "the attempt started"
+    assert ("NetworkPolicy", "tiny-ray") not in api.objects and "start create networkpolicy" not in api.log
+
+
+async def test_a_network_policy_the_operator_may_not_create_holds_the_rayjob_back() -> None:
+    """Without the ClusterRole's rule (403) no RayJob starts with its pods open; the pass fails and is retried."""
+
+    class Forbidden(FakeApi):
+        async def create_network_policy(self, body: dict[str, Any]) -> bool:
+            await self._call("create networkpolicy")
+            raise errors.ApiError("create networkpolicy ns/tiny-ray: 403 Forbidden", 403)
+
+    api = Forbidden(tiny())
+    with pytest.raises(errors.ApiError, match="403"):
+        await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    assert "end create networkpolicy" in api.log and "start create rayjob" not in api.log
+    assert api.run["status"]["phase"] == "Starting", "the status names the attempt; the next pass creates it"
