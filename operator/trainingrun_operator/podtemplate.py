@@ -24,7 +24,10 @@ Escalations (`ESCALATIONS`) are refused in every group, in every container of `c
 `ephemeralContainers`, the pod's securityContext and the volumes: privileged, allowPrivilegeEscalation true, added
 capabilities, runAsUser 0, runAsNonRoot false, host namespaces, hostPath, a projected ServiceAccount token, and
 on workers a `*-driver` ServiceAccount (another run's driver token patches that run's status). Mount paths at or
-under /checkpoints and /dev/shm are refused in every container of those lists.
+under /checkpoints and /dev/shm are refused in every container of those lists. Under the fragment's security
+contexts every pod and each of its containers and init containers gets a restricted one (`RESTRICTED_POD`,
+`RESTRICTED_CONTAINER`: non-root, RuntimeDefault seccomp, no privilege escalation, drop ALL), so a namespace whose
+Pod Security Admission level is `restricted` runs Ray pods.
 
 Merging: objects are merged key by key, lists are the operator's items then the fragment's, a value both give is
 the operator's (the rules below refuse such a fragment first, so this never decides anything). Containers are
@@ -46,7 +49,10 @@ __all__ = [
     "CONTAINER_LISTS",
     "CONTAINER_WORKER",
     "ESCALATIONS",
+    "RESTRICTED_CONTAINER",
+    "RESTRICTED_POD",
     "RULES",
+    "RUNTIME_UID",
     "SHM_MOUNT",
     "SHM_VOLUME",
     "Escalation",
@@ -158,9 +164,9 @@ def _message(rule: Rule, group: Group) -> str:
     return what if rule.node == "sidecar" else f"{what}: {rule.why}"
 
 
-Check = Literal["true", "false", "zero", "nonempty", "set", "driver"]
+Check = Literal["true", "false", "zero", "nonempty", "set", "driver", "unconfined"]
 """What makes a value an escalation: `true`, `false`, the number 0, a non-empty list, being set at all, a name
-ending in `-driver`."""
+ending in `-driver`, `Unconfined`."""
 _SAID = {
     "true": ": true is refused",
     "false": ": false is refused",
@@ -168,6 +174,7 @@ _SAID = {
     "nonempty": " is refused",
     "set": " is refused",
     "driver": ": *-driver is refused",
+    "unconfined": ": Unconfined is refused",
 }
 
 
@@ -200,9 +207,11 @@ class Escalation:
             "nonempty": isinstance(value, list) and len(value) > 0,
             "set": True,
             "driver": isinstance(value, str) and value.endswith("-driver"),
+            "unconfined": isinstance(value, str) and value == "Unconfined",
         }[self.check]
 
 
+_SECCOMP = "Ray pods run under the runtime's default seccomp profile (RuntimeDefault): remove it, or use Localhost"
 _NON_ROOT = "Ray pods run as a non-root user (the runtime image's UID is 1000): remove it or give another UID"
 _DRIVER = (
     "<run>-driver is a run's driver ServiceAccount, whose token patches that run's status: give the worker group "
@@ -214,6 +223,7 @@ ESCALATIONS: tuple[Escalation, ...] = (
     Escalation("pod", ("hostIPC",), "true", "a Ray pod does not join the node's IPC namespace: remove it"),
     Escalation("pod", ("securityContext", "runAsUser"), "zero", _NON_ROOT),
     Escalation("pod", ("securityContext", "runAsNonRoot"), "false", "the operator sets runAsNonRoot: remove it"),
+    Escalation("pod", ("securityContext", "seccompProfile", "type"), "unconfined", _SECCOMP),
     Escalation("pod", ("serviceAccountName",), "driver", _DRIVER, ("worker",)),
     Escalation("pod", ("serviceAccount",), "driver", _DRIVER, ("worker",)),
     Escalation("container", ("securityContext", "privileged"), "true", "containers run unprivileged: remove it"),
@@ -231,6 +241,7 @@ ESCALATIONS: tuple[Escalation, ...] = (
     ),
     Escalation("container", ("securityContext", "runAsUser"), "zero", _NON_ROOT),
     Escalation("container", ("securityContext", "runAsNonRoot"), "false", "the pod runs as non-root: remove it"),
+    Escalation("container", ("securityContext", "seccompProfile", "type"), "unconfined", _SECCOMP),
     Escalation(
         "volume",
         ("hostPath",),
@@ -254,6 +265,22 @@ RAY_DRAIN_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 deleted head would hold its pod, and with it the next attempt, for most of its grace period after the driver has
 saved on the notice. Our pods serve no traffic to drain, so the operator sets 0 (a template's env may set it again:
 the later entry wins)."""
+
+
+RUNTIME_UID = 1000
+"""The runtime image's user (`runtime/Dockerfile`: `USER 1000`). Set as the pod's runAsUser so that runAsNonRoot
+holds without reading the image (an image whose USER is a name, or the test bed, cannot be checked otherwise); a
+fragment may set another."""
+RESTRICTED_POD: Mapping[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUNTIME_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER: Mapping[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+"""The security contexts every Ray pod and each of its containers and init containers get (Pod Security
+Admission's `restricted` profile), under the fragment's: a fragment may add to them (more dropped capabilities, a
+Localhost seccomp profile, another non-root UID, fsGroup) but not undo them (`ESCALATIONS` refuses that first).
+KubeRay's own init container on workers (wait-gcs-ready) copies the Ray container's security context."""
 
 
 def base(
@@ -295,8 +322,8 @@ def base(
 
 
 def merged(ours: Mapping[str, Any], fragment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The pod template `ours` with the user's `fragment` merged in (the rules of the module docstring). Neither
-    argument is changed."""
+    """The pod template `ours` with the user's `fragment` merged in (the rules of the module docstring), over the
+    restricted security contexts (`RESTRICTED_POD`, `RESTRICTED_CONTAINER`). Neither argument is changed."""
     theirs = dict(fragment or {})
     spec = dict(_mapping(theirs.get("spec")))
     containers = _items(spec.pop("containers", None))
@@ -308,7 +335,18 @@ def merged(ours: Mapping[str, Any], fragment: Mapping[str, Any] | None) -> dict[
             own.append(_merge_objects({}, entry))
         else:
             own[mine] = _merge_objects(own[mine], entry)
+    pod = out["spec"]
+    pod["securityContext"] = _merge_objects(_mapping(pod.get("securityContext")), RESTRICTED_POD)
+    for kind in ("containers", "initContainers"):  # ephemeral containers are never in a created pod
+        if isinstance(pod.get(kind), list):
+            pod[kind] = [_restricted(c) if isinstance(c, Mapping) else c for c in pod[kind]]
     return out
+
+
+def _restricted(container: Mapping[str, Any]) -> dict[str, Any]:
+    """`container` with its security context over `RESTRICTED_CONTAINER`."""
+    context = _merge_objects(_mapping(container.get("securityContext")), RESTRICTED_CONTAINER)
+    return {**container, "securityContext": context}
 
 
 def _merge_objects(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
@@ -318,11 +356,13 @@ def _merge_objects(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[s
 
 
 def _merge(ours: Any, theirs: Any) -> Any:
-    """Objects key by key, lists ours then theirs, and a value both give stays ours."""
+    """Objects key by key, lists ours then theirs (a string or number once: `drop: [ALL]` given twice is one), and
+    a value both give stays ours."""
     if isinstance(ours, Mapping) and isinstance(theirs, Mapping):
         return _merge_objects(ours, theirs)
     if isinstance(ours, list) and isinstance(theirs, list):
-        return [_copy(item) for item in (*ours, *theirs)]
+        new = [t for t in theirs if not (isinstance(t, (str, int, float)) and t in ours)]
+        return [_copy(item) for item in (*ours, *new)]
     return _copy(ours)
 
 
@@ -507,6 +547,7 @@ def _escalation_cel(escalation: Escalation) -> str:
         "nonempty": f"size({value}) == 0",
         "set": "",
         "driver": f"!{value}.endsWith('-driver')",
+        "unconfined": f"{value} != 'Unconfined'",
     }[escalation.check]
     return f"{absent} || {fine}" if fine else absent
 

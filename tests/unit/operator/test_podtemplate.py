@@ -78,8 +78,9 @@ def test_labels_and_annotations_are_added_beside_the_run_and_attempt_labels() ->
 def test_scheduling_and_security_fields_of_the_fragment_reach_the_pod() -> None:
     spec = podtemplate.merged(ours(), templates.HEAD)["spec"]
     given = templates.HEAD["spec"]
-    for field in ("affinity", "tolerations", "imagePullSecrets", "priorityClassName", "securityContext"):
+    for field in ("affinity", "tolerations", "imagePullSecrets", "priorityClassName"):
         assert spec[field] == given[field], field
+    assert spec["securityContext"] == {**given["securityContext"], "runAsNonRoot": True}, "over the restricted one"
 
 
 def test_a_list_or_map_both_give_keeps_the_operators_items_first() -> None:
@@ -101,8 +102,100 @@ def test_merging_changes_neither_the_fragment_nor_the_operators_template() -> No
     assert (base, fragment) == before
 
 
-def test_no_fragment_leaves_the_operators_template() -> None:
-    assert podtemplate.merged(ours(), None) == ours() == podtemplate.merged(ours(), {})
+def test_no_fragment_leaves_the_operators_template_with_the_restricted_security_contexts() -> None:
+    restricted = copy.deepcopy(ours())
+    restricted["spec"]["securityContext"] = dict(podtemplate.RESTRICTED_POD)
+    restricted["spec"]["containers"][0]["securityContext"] = dict(podtemplate.RESTRICTED_CONTAINER)
+    assert podtemplate.merged(ours(), None) == restricted == podtemplate.merged(ours(), {})
+
+
+# ------------------------------------------------------------------------------------- restricted by default
+
+
+def _restricted_profile_problems(pod: dict[str, Any]) -> list[str]:
+    """What Pod Security Admission's `restricted` profile (its securityContext checks) refuses in a pod spec: each
+    container and init container must, itself or through the pod, run as non-root with a RuntimeDefault or
+    Localhost seccomp profile, not as UID 0; and itself disallow privilege escalation, drop ALL and add nothing
+    but NET_BIND_SERVICE."""
+    found = []
+    pod_context = pod.get("securityContext") or {}
+    for kind in ("containers", "initContainers"):
+        for c in pod.get(kind) or []:
+            context = c.get("securityContext") or {}
+            effective = {**pod_context, **context}
+            capabilities = context.get("capabilities") or {}
+            checks = {
+                "runAsNonRoot": effective.get("runAsNonRoot") is True,
+                "runAsUser": effective.get("runAsUser") != 0,
+                "seccompProfile": (effective.get("seccompProfile") or {}).get("type")
+                in ("RuntimeDefault", "Localhost"),
+                "allowPrivilegeEscalation": context.get("allowPrivilegeEscalation") is False,
+                "capabilities.drop": "ALL" in (capabilities.get("drop") or []),
+                "capabilities.add": set(capabilities.get("add") or []) <= {"NET_BIND_SERVICE"},
+                "privileged": context.get("privileged") is not True,
+            }
+            found += [f"{kind}/{c['name']}: {name}" for name, ok in checks.items() if not ok]
+    return found
+
+
+def _built(head: dict[str, Any] | None = None, worker: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The pod specs of the head and of the worker group (one, with a wait-gcs-ready init container as KubeRay
+    adds it: the Ray container's security context copied) of the RayJob the operator builds."""
+    doc = templates.with_templates(head=head, worker=worker if worker is not None else {})
+    body = rayjob.build_rayjob("tiny", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(doc["spec"]))
+    cluster = body["spec"]["rayClusterSpec"]
+    head_pod, worker_pod = (t["spec"] for t in (cluster["headGroupSpec"]["template"], *(
+        g["template"] for g in cluster["workerGroupSpecs"])))  # fmt: skip
+    wait = {"name": "wait-gcs-ready", "securityContext": copy.deepcopy(worker_pod["containers"][0]["securityContext"])}
+    worker_pod["initContainers"] = [wait, *worker_pod.get("initContainers", [])]
+    return [head_pod, worker_pod]
+
+
+def test_every_ray_pod_passes_the_restricted_profile_without_a_fragment() -> None:
+    pods = _built()
+    assert [_restricted_profile_problems(pod) for pod in pods] == [[], []]
+    for pod in pods:
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": podtemplate.RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        assert pod["containers"][0]["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+
+
+def test_sidecars_and_init_containers_of_a_fragment_are_restricted_too() -> None:
+    init = {"spec": {"initContainers": [{"name": "fetch", "image": "busybox:1.36"}]}}
+    head, worker = _built(head=templates.HEAD, worker={**templates.WORKER, **init})
+    assert _restricted_profile_problems(head) == _restricted_profile_problems(worker) == []
+    assert [c["name"] for c in worker["initContainers"]] == ["wait-gcs-ready", "fetch"]
+
+
+def test_a_fragment_may_add_to_the_restricted_contexts_but_never_undo_them() -> None:
+    fragment = {
+        "spec": {
+            "securityContext": {"runAsUser": 2000, "fsGroup": 2000, "seccompProfile": {"type": "Localhost",
+                                "localhostProfile": "ray.json"}},
+            "containers": [{"name": "ray-worker", "securityContext": {"capabilities": {"drop": ["ALL", "NET_RAW"]},
+                            "readOnlyRootFilesystem": True}}],
+        }
+    }  # fmt: skip
+    assert validation.run_problems(templates.with_templates(worker=fragment)) == []
+    _, worker = _built(worker=fragment)
+    assert worker["securityContext"] == {
+        "runAsUser": 2000,
+        "fsGroup": 2000,
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "ray.json"},
+        "runAsNonRoot": True,
+    }
+    assert worker["containers"][0]["securityContext"] == {
+        "capabilities": {"drop": ["ALL", "NET_RAW"]},
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+    }
+    assert _restricted_profile_problems(worker) == []
 
 
 def test_every_ray_pod_gets_a_memory_backed_dev_shm_sized_by_shm_size() -> None:
@@ -238,6 +331,10 @@ ESCALATING = [  # (id, group, fragment, the field the refusal names, words of it
      f"{_H}.initContainers.0.securityContext.runAsUser", "non-root"),
     ("root allowed for the pod", "head", {"spec": {"securityContext": {"runAsNonRoot": False}}},
      f"{_H}.securityContext.runAsNonRoot", "false is refused"),
+    ("an unconfined pod", "worker", {"spec": {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}},
+     f"{_W}.securityContext.seccompProfile.type", "Unconfined is refused"),
+    ("an unconfined container", "head", _in("containers", "sync", **_context(seccompProfile={"type": "Unconfined"})),
+     f"{_H}.containers.0.securityContext.seccompProfile.type", "RuntimeDefault"),
     ("another run's driver ServiceAccount", "worker", {"spec": {"serviceAccountName": "other-run-driver"}},
      f"{_W}.serviceAccountName", "patches that run's status"),
     ("the same by its old name", "worker", {"spec": {"serviceAccount": "tiny-driver"}},
@@ -323,6 +420,7 @@ def _breaking_every_rule(group: podtemplate.Group) -> dict[str, Any]:
     mounts = [{"name": "v", "mountPath": r.name} for r in rules if r.node == "mount"]
     nodes: dict[str, dict[str, Any]] = {"pod": {}, "container": {}, "volume": {}, "projection": {}}
     bad = {"true": True, "false": False, "zero": 0, "nonempty": ["X"], "set": {}, "driver": "other-driver"}
+    bad["unconfined"] = "Unconfined"
     for escalation in (e for e in podtemplate.ESCALATIONS if group in e.groups):
         node = nodes[escalation.node]
         for key in escalation.path[:-1]:
