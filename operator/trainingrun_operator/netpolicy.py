@@ -1,10 +1,13 @@
 """The run's NetworkPolicy: what may reach the Ray pods of one TrainingRun. A pure builder.
 
 Called by `reconciler.py` beside the status write of every pass that creates an attempt's RayJob, so the policy
-exists before the RayJob does; `apiclient.py` sends it. One per run, not per attempt: every pod of every attempt
-carries the run's label, so one policy covers the run from its first pod to its last (an ended attempt's pods
-going away included), and no attempt waits for a policy of its own. The garbage collector deletes it with the run
-(its owner reference), which can be before the run's last pods have stopped: `reconciler.finalize` waits for none.
+exists before the RayJob does, and once per operator process for a run whose pods are up (a run from before the
+operator made policies is closed then, not at its next attempt); `apiclient.py` sends it.
+
+One per run, not per attempt: every pod of every attempt carries the run's label, so one policy covers the run
+from its first pod to its last (an ended attempt's pods going away included), and no attempt waits for a policy of
+its own. The garbage collector deletes it with the run (its owner reference), which can be before the run's last
+pods have stopped: `reconciler.finalize` waits for none.
 
     NetworkPolicy <run>-ray   owner: the TrainingRun; podSelector trainingrun.dev/run=<run>; policyTypes [Ingress]
       from the run's own pods            every port (GCS 6379, client 10001, object and node managers, workers,

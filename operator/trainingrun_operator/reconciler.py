@@ -45,6 +45,7 @@ from trainingrun_operator import (
     naming,
     netpolicy,
     observation,
+    phases,
     queueing,
     rayjob,
     validation,
@@ -284,6 +285,7 @@ async def reconcile(
     not_before: float | None = None,
     metrics: metrics_.Exporter | None = None,
     network: netpolicy.Sources | None = netpolicy.DEFAULT,
+    covered: set[str] | None = None,
 ) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events).
 
@@ -295,7 +297,10 @@ async def reconcile(
     as in any pass), so that a backoff ends on time; a pass further ahead (woken by an event) decides at once.
     `metrics` learns what the pass changed once the status is written, and how long the pass took.
     `network`: who besides the run's own pods may reach them, in the NetworkPolicy ensured before each attempt's
-    RayJob (None: the operator makes no NetworkPolicy).
+    RayJob (None: the operator makes no NetworkPolicy). `covered`: the uids of the runs whose NetworkPolicy this
+    operator process has ensured; a run not in it whose pods may be up (an attempt, not Succeeded or Failed) gets
+    its policy ensured in this pass too, so that a run started before the operator made policies (or whose policy
+    was deleted) is closed once per operator process, not only at its next attempt.
     """
     began, waited = time.monotonic(), 0.0
     try:
@@ -309,7 +314,7 @@ async def reconcile(
         run = read(obj)
         observed = await observe(api, namespace, name, run.meta.uid, run.status, jobs, pods, memory)
         waited = await _wait_until(not_before)
-        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics, network)
+        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics, network, covered)
     finally:
         if metrics is not None:
             metrics.reconciled(time.monotonic() - began - waited)
@@ -325,6 +330,7 @@ async def _decide_and_apply(
     clock: Clock,
     metrics: metrics_.Exporter | None,
     network: netpolicy.Sources | None = None,
+    covered: set[str] | None = None,
 ) -> float | None:
     """The rest of `reconcile` once the reads are done: decide, write, act; the metrics after the write."""
     now, decided = clock(), time.monotonic()
@@ -347,7 +353,7 @@ async def _decide_and_apply(
             meta = run.meta
             metrics.passed(namespace, name, meta.uid, run.status, result.status, now, meta.creation_timestamp)
 
-    await _apply(api, obj, run, result, written, network)
+    await _apply(api, obj, run, result, written, network, covered)
     if result.requeue_after is None:
         return None
     return max(0.0, result.requeue_after - (time.monotonic() - decided))
@@ -370,13 +376,15 @@ async def _apply(
     result: decision.Decision,
     written: Callable[[], None] | None = None,
     network: netpolicy.Sources | None = None,
+    covered: set[str] | None = None,
 ) -> None:
     """Carry out a decision: the status write (and the identity objects beside it), the other actions, the events.
 
     The status write and the driver's identity objects go out together: the identity objects have fixed names
     (a crash between the two leaves objects the next pass adopts on 409) and grant nothing until a pod uses them.
     So does the run's NetworkPolicy, with `network`, whenever the decision creates an attempt (every attempt, not
-    only the first: a run from before the policy, or whose policy was deleted, gets it before its next RayJob).
+    only the first: a run from before the policy, or whose policy was deleted, gets it before its next RayJob), and
+    once per operator process for a run with pods up that is not yet in `covered` (`_cover`).
     Every other action (the RayJob above all) waits until the status names it and those objects exist. An action
     that fails after the status was written still lets the decision's events go out (the status already says what
     happened); its error is raised last. `written` is called once the status write succeeded (what the status now
@@ -386,8 +394,11 @@ async def _apply(
     namespace, name = run.meta.namespace or "default", run.meta.name
     identities = [a for a in result.actions if isinstance(a, decision.EnsureIdentity)]
     others = [a for a in result.actions if not isinstance(a, (decision.Event, decision.EnsureIdentity))]
-    starts = any(isinstance(a, decision.CreateAttempt) for a in others)
-    policies = [_ensure_network_policy(api, obj, run, network)] if network is not None and starts else []
+    policies: list[Awaitable[None]] = []
+    if network is not None and run.spec is not None:
+        starts = any(isinstance(a, decision.CreateAttempt) for a in result.actions)
+        if starts or _uncovered(run, result, covered):
+            policies.append(_cover(api, obj, run, network, covered, before_rayjob=starts))
     status_written, *ensured = await asyncio.gather(
         _write_status(api, namespace, name, result.patch),
         *(_act(api, obj, run, a) for a in identities),
@@ -422,6 +433,39 @@ async def _apply(
     await _tell_ownership(api, obj, namespace, name, result, failed)
     if failed is not None:
         raise failed
+
+
+def _uncovered(run: Snapshot, result: decision.Decision, covered: set[str] | None) -> bool:
+    """Whether the run's pods may be up (it has an attempt and is neither Succeeded nor Failed) and this operator
+    process has not ensured its NetworkPolicy yet (`covered`; None: it does not keep count)."""
+    uid, status = run.meta.uid, result.status
+    live = status.attempt is not None and status.phase not in phases.TERMINAL
+    return covered is not None and bool(uid) and uid not in covered and live
+
+
+async def _cover(
+    api: apiclient.Api,
+    obj: Mapping[str, Any],
+    run: Snapshot,
+    sources: netpolicy.Sources,
+    covered: set[str] | None,
+    *,
+    before_rayjob: bool,
+) -> None:
+    """Ensure the run's NetworkPolicy and note the run in `covered`. Before a RayJob a failure is raised, so that no
+    RayJob goes without it; otherwise (a run whose pods are up, once per operator process) it is logged and tried
+    again the next pass, and holds back nothing else the pass does."""
+    try:
+        await _ensure_network_policy(api, obj, run, sources)
+    except errors.OperatorError as exc:
+        if before_rayjob:
+            raise
+        logger.warning(
+            "%s/%s: NetworkPolicy not ensured (tried again next pass): %s", run.meta.namespace, run.meta.name, exc
+        )
+        return
+    if covered is not None and run.meta.uid:
+        covered.add(run.meta.uid)
 
 
 async def _tell_ownership(

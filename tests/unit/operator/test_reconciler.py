@@ -707,3 +707,49 @@ async def test_a_network_policy_the_operator_may_not_create_holds_the_rayjob_bac
         await reconciler.reconcile(api, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
     assert "end create networkpolicy" in api.log and "start create rayjob" not in api.log
     assert api.run["status"]["phase"] == "Starting", "the status names the attempt; the next pass creates it"
+
+
+def running() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run whose attempt 1 is running (its RayJob says so)."""
+    run, jobs = running_attempt_whose_rayjob_failed()
+    jobs[0]["status"].update(jobDeploymentStatus="Running", jobStatus="RUNNING", reason="", message="")
+    return run, jobs
+
+
+async def test_a_running_run_gets_its_policy_once_per_operator_process_not_only_at_its_next_attempt() -> None:
+    """A run started before the operator made policies (the chart's namespace-wide one gone with the upgrade) is
+    closed at the first pass of the new operator process, not left open until its next attempt."""
+    covered: set[str] = set()
+    api = FakeApi(*running())
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, covered=covered)  # type: ignore[arg-type]
+    assert api.objects[("NetworkPolicy", "tiny-ray")] == network_policy() and covered == {"u-1"}
+    api.log.clear()
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, covered=covered)  # type: ignore[arg-type]
+    assert "end list pods" in api.log, "the second pass ran"
+    assert not [line for line in api.log if "networkpolicy" in line], "once per process, not every pass"
+
+
+async def test_a_foreign_policy_found_for_a_running_run_is_logged_and_holds_back_nothing_else(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only a RayJob waits for the policy: ending an attempt, deleting its RayJob, go on; the next pass looks again."""
+    covered: set[str] = set()
+    run, jobs = running_attempt_whose_rayjob_failed()
+    api = FakeApi(run, jobs)
+    api.objects[("NetworkPolicy", "tiny-ray")] = foreign(network_policy(), [ANOTHER_RUN])
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, covered=covered)  # type: ignore[arg-type]
+    assert "end get networkpolicy" in api.log and "start delete rayjob tiny-a1" in api.log, api.log
+    assert api.run["status"]["phase"] == "Restarting" and api.run["status"]["reason"] != "ForeignObject"
+    assert not covered, "not ensured: the next pass tries again"
+    assert any("NetworkPolicy not ensured (tried again next pass)" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_finished_run_gets_no_policy() -> None:
+    run, _ = running_attempt_whose_rayjob_failed()
+    run["status"].update(phase="Succeeded", reason="Succeeded")
+    run["status"]["attempt"].update(end="2025-01-01T00:00:01Z", reason="Succeeded")
+    covered: set[str] = set()
+    api = FakeApi(run)
+    await reconciler.reconcile(api, "ns", "tiny", lambda: NOW, covered=covered)  # type: ignore[arg-type]
+    assert "end list pods" in api.log, "the pass ran"
+    assert not [line for line in api.log if "networkpolicy" in line] and not covered
