@@ -5,6 +5,7 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
     RayJob <run>-a<N>   owner: the TrainingRun; labels: run, attempt (and a queued run's Kueue labels, `queueing.py`)
       spec.suspend               true for a queued run: Kueue unsuspends it when it admits it (as its webhook would)
       spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
+                                 --root /checkpoints/<path>/<namespace> --legacy-root /checkpoints/<path>
                                  --run-uid UID [--fallback S,S (older recorded steps, if the pinned one is bad)]
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
@@ -42,6 +43,7 @@ __all__ = [
     "build_rayjob",
     "checkpoint_root",
     "entrypoint",
+    "legacy_checkpoint_root",
     "notice_hook",
 ]
 
@@ -54,10 +56,19 @@ GENERATION_SLOTS = 1000
 marks where generation may run, it does not limit how many workers a pod takes (its CPUs and memory do)."""
 
 
-def checkpoint_root(spec: model.TrainingRunSpec) -> str:
-    """The driver's `--root`: the PVC's mount point joined with spec.checkpoint.path."""
+def legacy_checkpoint_root(spec: model.TrainingRunSpec) -> str:
+    """The driver's `--legacy-root`: the PVC's mount point joined with spec.checkpoint.path, the root of the
+    layout before the namespace level, whose `<run>` directory the driver adopts if the run owns it."""
     path = spec.checkpoint.path
     return posixpath.join(CHECKPOINT_MOUNT, path) if path else CHECKPOINT_MOUNT
+
+
+def checkpoint_root(spec: model.TrainingRunSpec, namespace: str) -> str:
+    """The driver's `--root`: `<mount>/<spec.checkpoint.path>/<namespace>`, so that runs of one name in two
+    namespaces never share a run directory on one volume."""
+    if not namespace or "/" in namespace or namespace in (".", ".."):
+        raise ValueError(f"namespace {namespace!r} is not a single path component")
+    return posixpath.join(legacy_checkpoint_root(spec), namespace)
 
 
 def entrypoint(
@@ -88,7 +99,9 @@ def entrypoint(
         "--resume",
         "latest" if resume is None else str(resume),
         "--root",
-        checkpoint_root(spec),
+        checkpoint_root(spec, namespace),
+        "--legacy-root",
+        legacy_checkpoint_root(spec),
         "--config-json",
         json.dumps(config, sort_keys=True, separators=(",", ":")),
         "--reporter",
@@ -126,14 +139,15 @@ def _worker_start_params(group: model.WorkerGroup) -> dict[str, str]:
     return params
 
 
-def notice_hook(run: str, attempt: int, spec: model.TrainingRunSpec) -> list[str]:
-    """The head container's preStop command: ask the driver to save and stop within the grace period."""
+def notice_hook(run: str, namespace: str, attempt: int, spec: model.TrainingRunSpec) -> list[str]:
+    """The head container's preStop command: ask the driver to save and stop within the grace period (the same
+    `--root` as the driver's)."""
     return [
         "python",
         "-m",
         "trainingrun_runtime.driver.notice",
         "--root",
-        checkpoint_root(spec),
+        checkpoint_root(spec, namespace),
         "--run",
         run,
         "--attempt",
@@ -198,7 +212,9 @@ def build_rayjob(
         "rayVersion": spec.ray.ray_version,
         "headGroupSpec": {
             "rayStartParams": head_params,
-            "template": _pod_template(spec, labels, head, naming.identity_name(run), notice_hook(run, attempt, spec)),
+            "template": _pod_template(
+                spec, labels, head, naming.identity_name(run), notice_hook(run, namespace, attempt, spec)
+            ),
         },
     }
     workers = [

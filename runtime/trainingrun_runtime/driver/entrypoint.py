@@ -14,10 +14,12 @@
 
     python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step> [--fallback S,S]
         --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file [--event-log FILE]
-        [--run-uid UID] [--progress-period SECONDS]
+        [--run-uid UID] [--legacy-root DIR] [--progress-period SECONDS]
 
-Checkpoints live in DIR/<run>/step_N/. Ray: `RAY_ADDRESS` attaches to a cluster
-(the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs starts.
+Checkpoints live in DIR/<run>/step_N/ (the operator's DIR ends in the run's namespace; --legacy-root names the root
+before that level, whose <run> directory is moved into DIR if this run owns it: `setup.adopt_legacy_run_dir`).
+Ray: `RAY_ADDRESS` attaches to a cluster (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs
+starts.
 This is the only module that prints (the final `RestoreFailed:`, `GenerationLost:`, … line) or sets up logging.
 
 The operator classifies an attempt by these exit codes and the prefix of the last stderr line, or of
@@ -109,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the TrainingRun's uid: with --attempt, claims the run directory (owner.json) against zombies",
     )
     p.add_argument(
+        "--legacy-root",
+        default=None,
+        metavar="DIR",
+        help="the checkpoint root of the layout before the namespace level: DIR/RUN moves to ROOT/RUN if this run "
+        "owns it (its owner.json names --run-uid)",
+    )
+    p.add_argument(
         "--progress-period",
         type=float,
         default=reporting.PROGRESS_PERIOD_S,
@@ -149,6 +158,7 @@ def parse(argv: list[str]) -> setup.DriverOptions:
         num_cpus=ns.num_cpus,
         progress_period_s=ns.progress_period,
         run_uid=ns.run_uid,
+        legacy_root=ns.legacy_root,
     )
 
 
@@ -160,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"BadConfig: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    moved_from = setup.adopt_legacy_run_dir(opts)  # before the default event log creates ROOT/RUN
     ev = events.EventLog(opts.event_log or events.default_path(opts.root, opts.run, opts.attempt))
     ev.emit("driver_started", attempt=opts.attempt)
+    if moved_from is not None:
+        ev.emit("run_dir_moved", source=str(moved_from), to=str(Path(opts.root) / opts.run))
     rep = reporting.build(opts.reporter, root=opts.root, run=opts.run, namespace=opts.namespace, attempt=opts.attempt)
     try:
         built = setup.setup_single_controller(opts, ev)

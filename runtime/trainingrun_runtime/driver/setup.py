@@ -1,5 +1,8 @@
 """setup_single_controller(): the driver builds every object, restores, then creates the controller actor.
 
+    0  (`adopt_legacy_run_dir`, by the entrypoint before its event log opens)     run_dir_moved
+       the run directory of the layout before the namespace level, if this run
+       owns it, moves to ROOT/RUN (`fence.adopt`)
     1  claim the run directory for this attempt (`storage.fence`)                 run_dir_claimed
        set aside the steps above a pinned resume point that the status does not   checkpoints_set_aside
        record (`orphan_step_N`: never counted, loaded or deleted)
@@ -48,7 +51,7 @@ from trainingrun_runtime.driver import (
 from trainingrun_runtime.errors import GenerationLost
 from trainingrun_runtime.storage import fence, layout, retention
 
-__all__ = ["DriverOptions", "Setup", "setup_single_controller"]
+__all__ = ["DriverOptions", "Setup", "adopt_legacy_run_dir", "setup_single_controller"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ class DriverOptions:
     progress_period_s: float = reporting.PROGRESS_PERIOD_S
     run_uid: str | None = None
     """The TrainingRun's uid; with the attempt it claims the run directory (`fence`)."""
+    legacy_root: str | None = None
+    """The root of the layout before the namespace level: LEGACY_ROOT/RUN is adopted if this run owns it."""
 
 
 @dataclasses.dataclass
@@ -104,6 +109,19 @@ def _metrics_port() -> int | None:
     here = ray.get_runtime_context().get_node_id()
     nodes = ray.nodes()  # type: ignore[no-untyped-call]
     return next((int(n["MetricsExportPort"]) for n in nodes if n.get("NodeID") == here), None)
+
+
+def adopt_legacy_run_dir(opts: DriverOptions) -> Path | None:
+    """With a legacy root: move LEGACY_ROOT/RUN to ROOT/RUN if this run owns it (`fence.adopt`); where it was, or
+    None if nothing moved. Before anything creates ROOT/RUN (the default event log lives in it)."""
+    if opts.legacy_root is None:
+        return None
+    legacy = layout.run_dir(opts.legacy_root, opts.run)
+    new = layout.run_dir(opts.root, opts.run)
+    if legacy.resolve() == new.resolve():
+        return None
+    moved = fence.adopt(legacy, new, opts.run_uid)
+    return legacy if moved is fence.Adoption.MOVED else None
 
 
 def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:

@@ -21,13 +21,18 @@ is not atomic with the rename that follows it (no portable lock works across nod
 network storage), so the window left is the few milliseconds between the two, against
 the whole lifetime of a zombie without it. Attempt numbers only grow, so an equal
 number (the same attempt started again on one machine) keeps the claim.
+
+`adopt` moves a run directory of the old layout (`<legacy root>/<run>`, before the namespace level) to its new place,
+only if its owner file names this run: on a shared volume, a directory of the same name may be another namespace's.
 Pure standard library.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -36,9 +41,13 @@ from trainingrun_runtime import timestamps
 from trainingrun_runtime.errors import Superseded, TrainingRunError
 from trainingrun_runtime.storage import files
 
-__all__ = ["OWNER_FILE", "Owner", "check", "claim", "owner"]
+__all__ = ["ADOPTING_SUFFIX", "OWNER_FILE", "Adoption", "Owner", "adopt", "check", "claim", "owner"]
+
+log = logging.getLogger(__name__)
 
 OWNER_FILE = "owner.json"
+ADOPTING_SUFFIX = ".adopting"
+"""`<legacy root>/<run>.adopting`: a directory on its way into itself (`adopt`; no run name holds a dot)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,3 +117,86 @@ def claim(run_dir: str | os.PathLike[str], run_uid: str | None, attempt: int) ->
         "pid": os.getpid(),
     }
     files.replace_synced(directory / OWNER_FILE, json.dumps(record).encode())
+
+
+class Adoption(enum.Enum):
+    """What `adopt` did with a run directory of the old layout."""
+
+    MOVED = "moved"
+    """It named this run as its owner: it is the run directory now."""
+    NOTHING = "nothing"
+    """No old directory, or the new one exists already: nothing to adopt."""
+    OTHER_OWNER = "other_owner"
+    """Another run (maybe of another namespace) owns it: left alone."""
+    NO_OWNER = "no_owner"
+    """No owner file says whose it is (or the driver has no uid to compare): left alone."""
+    UNREADABLE_OWNER = "unreadable_owner"
+    """Its owner file is damaged: left alone."""
+    HOLDS_RUNS = "holds_runs"
+    """Run directories of the new layout live inside it (a namespace of its name): moving it would take them."""
+
+
+def adopt(legacy: Path, new: Path, run_uid: str | None) -> Adoption:
+    """Move the old layout's run directory `legacy` to `new` if `legacy` is this run's (`run_uid`).
+
+    Only when `new` does not exist. A directory left alone is named in a warning, with why and the fix. When `new`
+    lies inside `legacy` (a run named as its namespace), `legacy` goes aside to `<legacy>.adopting` first; a start
+    after a crash between the two renames finds it there.
+    """
+    if new.exists():
+        return Adoption.NOTHING
+    aside = legacy.with_name(legacy.name + ADOPTING_SUFFIX)
+    source = aside if aside.is_dir() else legacy
+    if not source.is_dir():
+        return Adoption.NOTHING
+    outcome = _whose(source, new, run_uid)
+    if outcome is not Adoption.MOVED:
+        return outcome
+    if source == legacy and new.is_relative_to(legacy):
+        os.rename(legacy, aside)
+        files.fsync_dir(legacy.parent)
+        source = aside
+    created = not new.parent.exists()
+    new.parent.mkdir(parents=True, exist_ok=True)
+    if created:
+        files.fsync_dir(new.parent.parent)
+    os.rename(source, new)
+    files.fsync_dir(new.parent)
+    files.fsync_dir(source.parent)
+    log.info("moved the run directory %s of the old layout to %s", source, new)
+    return Adoption.MOVED
+
+
+def _whose(source: Path, new: Path, run_uid: str | None) -> Adoption:
+    """MOVED if `source` is this run's to move to `new`, else why not (warned, naming the directory and the fix)."""
+    fix = f"move it to {new} by hand if it is this run's"
+    try:
+        current = owner(source)
+    except TrainingRunError as e:
+        log.warning("left %s of the old layout alone: %s; %s", source, e, fix)
+        return Adoption.UNREADABLE_OWNER
+    if current is None or run_uid is None:
+        why = "it has no owner file" if current is None else "this driver was given no --run-uid to compare"
+        log.warning("left the directory %s of the old layout alone: %s; %s", source, why, fix)
+        return Adoption.NO_OWNER
+    if current.run_uid != run_uid:
+        log.warning(
+            "left the directory %s of the old layout alone: %s owns it, not run uid %s (another run of this name, "
+            "maybe in another namespace); %s",
+            source,
+            current,
+            run_uid,
+            fix,
+        )
+        return Adoption.OTHER_OWNER
+    nested = sorted(e.name for e in os.scandir(source) if e.is_dir() and (Path(e.path) / OWNER_FILE).exists())
+    if nested:
+        log.warning(
+            "left the directory %s of the old layout alone: the run directories %s of a namespace of the same name "
+            "live in it; move this run's own files to %s by hand if they are this run's",
+            source,
+            nested,
+            new,
+        )
+        return Adoption.HOLDS_RUNS
+    return Adoption.MOVED

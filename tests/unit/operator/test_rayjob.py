@@ -113,7 +113,8 @@ def test_entrypoint_runs_the_driver_with_run_attempt_resume_root_and_config() ->
     args = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert args["--run"] == "reverse-digits" and args["--namespace"] == "team-a"
     assert (args["--attempt"], args["--resume"], args["--reporter"]) == ("4", "150", "kubernetes")
-    assert args["--root"] == "/checkpoints/trainingruns"
+    assert args["--root"] == "/checkpoints/trainingruns/team-a"
+    assert args["--legacy-root"] == "/checkpoints/trainingruns"
     config = RuntimeConfig.model_validate(json.loads(args["--config-json"]))
     assert config.trainer.steps == 2000
     assert (config.checkpoint.save_period, config.checkpoint.keep_last, config.checkpoint.keep_every) == (50, 3, 500)
@@ -122,7 +123,7 @@ def test_entrypoint_runs_the_driver_with_run_attempt_resume_root_and_config() ->
 def test_entrypoint_says_latest_when_there_is_no_recorded_step() -> None:
     argv = shlex.split(rayjob.entrypoint("tiny", "ns", 1, None, spec_of("tiny.yaml")))
     assert argv[argv.index("--resume") + 1] == "latest"
-    assert argv[argv.index("--root") + 1] == "/checkpoints"
+    assert argv[argv.index("--root") + 1] == "/checkpoints/ns"
 
 
 def test_the_driver_is_told_the_older_recorded_steps_to_fall_back_to_only_with_a_pinned_step() -> None:
@@ -260,11 +261,35 @@ def test_the_head_asks_the_driver_to_save_on_its_notice_within_its_grace_period(
     assert hook[:3] == ["python", "-m", "trainingrun_runtime.driver.notice"]
     args = dict(zip(hook[3::2], hook[4::2], strict=True))
     assert args == {
-        "--root": rayjob.checkpoint_root(spec),
+        "--root": "/checkpoints/trainingruns/ns",
         "--run": "reverse-digits",
         "--attempt": "3",
         "--grace-seconds": str(model.HEAD_GRACE_SECONDS),
     }
+
+
+def root_args(body: dict[str, Any]) -> tuple[str, str, str]:
+    """The driver's --root and --legacy-root, and the preStop hook's --root, of a RayJob."""
+    argv = shlex.split(body["spec"]["entrypoint"])
+    hook = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["lifecycle"]
+    command = hook["preStop"]["exec"]["command"]
+    return argv[argv.index("--root") + 1], argv[argv.index("--legacy-root") + 1], command[command.index("--root") + 1]
+
+
+def test_runs_named_alike_in_two_namespaces_get_two_roots_and_the_hook_looks_where_the_driver_writes() -> None:
+    spec = spec_of("cluster.yaml")
+    a = root_args(rayjob.build_rayjob("reverse-digits", "team-a", "uid-a", 1, None, spec))
+    b = root_args(rayjob.build_rayjob("reverse-digits", "team-b", "uid-b", 1, None, spec))
+    assert a == ("/checkpoints/trainingruns/team-a", "/checkpoints/trainingruns", "/checkpoints/trainingruns/team-a")
+    assert b == ("/checkpoints/trainingruns/team-b", "/checkpoints/trainingruns", "/checkpoints/trainingruns/team-b")
+
+
+def test_without_a_checkpoint_path_the_namespace_sits_right_under_the_mount() -> None:
+    assert root_args(rayjob.build_rayjob("tiny", "ns", "u", 1, None, spec_of("tiny.yaml"))) == (
+        "/checkpoints/ns",
+        "/checkpoints",
+        "/checkpoints/ns",
+    )
 
 
 def test_the_grace_periods_come_from_the_spec_and_workers_get_no_hook() -> None:

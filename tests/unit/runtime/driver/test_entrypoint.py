@@ -3,11 +3,13 @@ it is: 3 the step's (it failed verification), 6 the config's (its math differs),
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from trainingrun_runtime.driver import entrypoint
+from trainingrun_runtime.driver import entrypoint, events, setup
 from trainingrun_runtime.errors import (
     CheckpointCorrupt,
     ConfigMismatch,
@@ -119,3 +121,47 @@ def test_fallback_steps_are_parsed_and_need_a_pinned_step(tmp_path: Path, capsys
     assert (
         entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,x"]) == entrypoint.EXIT_BAD_CONFIG
     )
+
+
+def _owned_old_run_dir(root: Path, run: str, uid: str) -> Path:
+    run_dir = root / run
+    (run_dir / "step_10").mkdir(parents=True)
+    (run_dir / "owner.json").write_text(json.dumps({"runUid": uid, "attempt": 2}))
+    return run_dir
+
+
+def test_the_run_directory_of_the_old_layout_is_moved_before_the_event_log_opens_and_the_move_is_an_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """setup stops (Superseded) right after the move: what is checked needs no Ray."""
+    _owned_old_run_dir(tmp_path, "r", "uid-1")
+    root = tmp_path / "ns"
+    reached: list[setup.DriverOptions] = []
+
+    def stop(opts: setup.DriverOptions, ev: events.EventLog) -> setup.Setup:
+        reached.append(opts)
+        raise Superseded("stop here")
+
+    monkeypatch.setattr(setup, "setup_single_controller", stop)
+    argv = ["--run", "r", "--attempt", "3", "--root", str(root), "--legacy-root", str(tmp_path)]
+    assert entrypoint.main([*argv, "--run-uid", "uid-1", "--config-json", "{}"]) == entrypoint.EXIT_FAILED
+    assert reached and reached[0].legacy_root == str(tmp_path)
+    assert (root / "r" / "step_10").is_dir() and not (tmp_path / "r").exists()
+    names = [e["event"] for e in events.read(events.default_path(root, "r", 3))]
+    assert names == ["driver_started", "run_dir_moved"]
+
+
+def test_without_a_legacy_root_nothing_is_moved(tmp_path: Path) -> None:
+    _owned_old_run_dir(tmp_path, "r", "uid-1")
+    opts = entrypoint.parse(["--run", "r", "--attempt", "1", "--root", str(tmp_path / "ns"), "--config-json", "{}"])
+    assert opts.legacy_root is None
+    assert setup.adopt_legacy_run_dir(dataclasses.replace(opts, run_uid="uid-1")) is None
+    assert (tmp_path / "r" / "step_10").is_dir() and not (tmp_path / "ns").exists()
+
+
+def test_a_run_directory_of_another_run_stays_where_it_is(tmp_path: Path) -> None:
+    _owned_old_run_dir(tmp_path, "r", "uid-of-another-namespace")
+    argv = ["--run", "r", "--attempt", "1", "--root", str(tmp_path / "ns"), "--legacy-root", str(tmp_path)]
+    opts = entrypoint.parse([*argv, "--run-uid", "uid-1", "--config-json", "{}"])
+    assert setup.adopt_legacy_run_dir(opts) is None
+    assert (tmp_path / "r" / "step_10").is_dir() and not (tmp_path / "ns").exists()
