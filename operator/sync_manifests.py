@@ -121,6 +121,12 @@ def kuberay_pod_template(rayjob_crd: dict[str, Any]) -> dict[str, Any]:
     return template
 
 
+CONTAINERS_MAX = 32
+"""Containers a fragment's list may hold (each of containers, initContainers, ephemeralContainers). KubeRay's schema
+bounds none, so the API server's CEL cost estimate took each list as long as a request allows, and the CRD's rules
+on them (`podtemplate.ESCALATIONS`) went past the whole schema's cost budget: the CRD would not install."""
+
+
 def template_schema(kuberay_template: dict[str, Any], group: podtemplate.Group) -> dict[str, Any]:
     """A group's `template` schema: KubeRay's PodTemplateSpec, narrowed to a fragment, with the owned fields'
     CEL rules placed where each one looks (`podtemplate.cel_rules`)."""
@@ -138,6 +144,7 @@ def template_schema(kuberay_template: dict[str, Any], group: podtemplate.Group) 
         (volume["properties"]["projected"]["properties"]["sources"]["items"], ("projection",)),
     ]
     for kind in podtemplate.CONTAINER_LISTS:
+        pod["properties"][kind]["maxItems"] = CONTAINERS_MAX
         container = pod["properties"][kind]["items"]
         own: tuple[podtemplate.Where, ...] = ("container",) if kind == "containers" else ()
         places += [(container, (*own, "any-container")), (container["properties"]["volumeMounts"]["items"], ("mount",))]

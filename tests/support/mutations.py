@@ -226,8 +226,11 @@ def _map(value: Any, node: dict[str, Any], path: Path) -> Iterator[Bad]:
     if "maxProperties" in node:
         filler = 1 if items.get("x-kubernetes-int-or-string") else "v"
         yield Bad(path, {f"example.com/r{i}": filler for i in range(node["maxProperties"] + 1)})
-    if node.get("x-kubernetes-validations"):
-        yield Bad((*path, "cpus"), 1, path, schema_checks=False)
+    if node.get("x-kubernetes-validations"):  # a key the map's rule refuses: a resource name, a ray start flag
+        if items.get("x-kubernetes-int-or-string"):
+            yield Bad((*path, "cpus"), 1, path, schema_checks=False)
+        else:
+            yield Bad((*path, "Not_A_Flag;"), "v", path, schema_checks=False)
 
 
 # ---------------------------------------------------------------------------------------------- by hand
@@ -254,6 +257,10 @@ def _by_hand(doc: dict[str, Any]) -> list[Bad]:
     )
     limits = ("spec", "ray", "head", "resources", "limits")
     found.append(Bad((*limits, "mem"), "1Gi", limits, schema_checks=False))
+    params = ("spec", "ray", "head", "rayStartParams")  # they reach ray start's shell line unquoted (CEL)
+    found.append(Bad(params, {"num-cpus; rm -rf /": "8"}, schema_checks=False))
+    found.append(Bad(params, {"num-cpus": "8 && curl x"}, schema_checks=False))
+    found.append(Bad(params, {"resources": "'{\"x\": $(id)}'"}, schema_checks=False))
     return found
 
 

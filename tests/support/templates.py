@@ -223,4 +223,62 @@ REFUSED = [
         f"{_HEAD}.spec.containers[0].image",
         "name the entry ray-head",
     ),
+    # Escalations (`podtemplate.ESCALATIONS`): what would let a run's pod harm the node or another run.
+    Refused(
+        "a privileged Ray container",
+        "worker",
+        _ray("worker", securityContext={"privileged": True}),
+        f"{_WORKER}.spec.containers[0].securityContext.privileged",
+        "unprivileged",
+    ),
+    Refused(
+        "an added capability",
+        "head",
+        _ray("head", securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}),
+        f"{_HEAD}.spec.containers[0].securityContext.capabilities.add",
+        "drop ALL",
+    ),
+    Refused(
+        "root in an init container",
+        "worker",
+        {"spec": {"initContainers": [{"name": "setup", "image": "busybox", "securityContext": {"runAsUser": 0}}]}},
+        f"{_WORKER}.spec.initContainers[0].securityContext.runAsUser",
+        "non-root",
+    ),
+    Refused("the node's PID namespace", "worker", {"spec": {"hostPID": True}}, f"{_WORKER}.spec.hostPID", "process"),
+    Refused(
+        "a hostPath of /",
+        "worker",
+        {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
+        f"{_WORKER}.spec.volumes[0].hostPath",
+        "node's filesystem",
+    ),
+    Refused(
+        "a projected token",
+        "worker",
+        {"spec": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}},
+        f"{_WORKER}.spec.volumes[0].projected.sources[0].serviceAccountToken",
+        "serviceAccountToken",
+    ),
+    Refused(
+        "another run's driver account",
+        "worker",
+        {"spec": {"serviceAccountName": "victim-driver"}},
+        f"{_WORKER}.spec.serviceAccountName",
+        "driver ServiceAccount",
+    ),
+    Refused(
+        "a mount under /checkpoints",
+        "worker",
+        {
+            "spec": {
+                "volumes": [{"name": "c", "emptyDir": {}}],
+                "containers": [
+                    {"name": "side", "image": "busybox", "volumeMounts": [{"name": "c", "mountPath": "/checkpoints/"}]}
+                ],
+            }
+        },
+        f"{_WORKER}.spec.containers[0].volumeMounts[0].mountPath",
+        "/checkpoints",
+    ),
 ]
