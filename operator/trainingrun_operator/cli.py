@@ -1,8 +1,10 @@
 """The `trainingrun` command.
 
     trainingrun operator [--namespace NS ...] [--liveness URL] [--metrics-address HOST:PORT] [--peering NAME]
-                         [--kubeconfig FILE]
-        the operator (kopf), as the chart's Deployment runs it; /metrics on its own port (metrics.py)
+                         [--kuberay-namespace NS] [--kuberay-label KEY=VALUE ...] [--metrics-namespace NS ...]
+                         [--no-network-policy] [--kubeconfig FILE]
+        the operator (kopf), as the chart's Deployment runs it; /metrics on its own port (metrics.py); each run's
+        pods closed to all but the run's own, KubeRay's and the metrics namespaces' pods (netpolicy.py)
     trainingrun run FILE [--root DIR] [--chaos]
         one TrainingRun on this machine, without Kubernetes (local.py), same decision core
 
@@ -25,7 +27,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainingrun_operator import errors
+from trainingrun_operator import errors, netpolicy
 
 if TYPE_CHECKING:
     from trainingrun_operator import apiclient, metrics
@@ -50,11 +52,13 @@ async def operate(
     resync_seconds: float | None = None,
     metrics_address: str | None = None,
     exporter: metrics.Exporter | None = None,
+    network: netpolicy.Sources | None = netpolicy.DEFAULT,
 ) -> None:
     """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this).
 
     `metrics_address` (HOST:PORT, port 0: any free one): where /metrics is served, None: nowhere; `exporter`: the
-    metrics object to use (its `.port` once started), else a new one.
+    metrics object to use (its `.port` once started), else a new one; `network`: who besides a run's own pods may
+    reach them (each run's NetworkPolicy; None: none is made).
     """
     from trainingrun_operator import handlers
 
@@ -69,6 +73,28 @@ async def operate(
         resync_seconds=resync_seconds,
         metrics_address=metrics_address,
         exporter=exporter,
+        network=network,
+    )
+
+
+def _network(args: argparse.Namespace) -> netpolicy.Sources | None:
+    """The sources of every run's NetworkPolicy, from the flags; None with --no-network-policy."""
+    if args.no_network_policy:
+        return None
+    labels = dict(netpolicy.KUBERAY_LABELS)
+    if args.kuberay_label:
+        labels = {}
+        for item in args.kuberay_label:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise errors.InvalidInput(
+                    f"--kuberay-label {item}: expected KEY=VALUE, e.g. app.kubernetes.io/name=kuberay-operator"
+                )
+            labels[key] = value
+    return netpolicy.Sources(
+        kuberay_labels=labels,
+        kuberay_namespace=args.kuberay_namespace or None,
+        metrics_namespaces=tuple(args.metrics_namespace or ()),
     )
 
 
@@ -80,6 +106,7 @@ def _operator_command(args: argparse.Namespace) -> int:
             metrics.parse_address(args.metrics_address)
         except ValueError as exc:
             raise errors.InvalidInput(f"--metrics-address: {exc}") from None
+    network = _network(args)
 
     namespaces = list(args.namespace or [])
     if not namespaces and os.environ.get("WATCH_NAMESPACES"):
@@ -94,6 +121,7 @@ def _operator_command(args: argparse.Namespace) -> int:
                 peering=args.peering,
                 priority=args.priority,
                 metrics_address=args.metrics_address or None,
+                network=network,
             )
         )
     finally:
@@ -130,6 +158,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("--peering", default=None, help="kopf peering name: one active replica among those sharing it")
     op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    op.add_argument(
+        "--kuberay-namespace",
+        default="",
+        help="the KubeRay operator's namespace: only its pods there reach a run's dashboard port (default: any)",
+    )
+    op.add_argument(
+        "--kuberay-label",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a label of the KubeRay operator's pods (repeatable; default app.kubernetes.io/name=kuberay-operator)",
+    )
+    op.add_argument(
+        "--metrics-namespace",
+        action="append",
+        metavar="NS",
+        help="this namespace's pods may scrape Ray's metrics port of every run (repeatable; default: none)",
+    )
+    op.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="make no NetworkPolicy per run (its pods are then as open as the namespace's own policies leave them)",
+    )
     op.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     op.add_argument("--context", default=None)
     op.set_defaults(func=_operator_command)

@@ -38,6 +38,7 @@ from trainingrun_operator import (
     metrics,
     model,
     naming,
+    netpolicy,
     observation,
     reconciler,
     wakeups,
@@ -67,6 +68,10 @@ class Memo:
     metrics: metrics.Exporter = dataclasses.field(default_factory=metrics.Exporter)
     metrics_address: str | None = None
     """Where the metrics server listens (HOST:PORT); None: no server (the Exporter still counts)."""
+    network: netpolicy.Sources | None = netpolicy.DEFAULT
+    """Who besides a run's own pods may reach them (each run's NetworkPolicy); None: no NetworkPolicy is made."""
+    covered: set[str] = dataclasses.field(default_factory=set)
+    """The uids of the runs whose NetworkPolicy this process has ensured (a run not in it gets it at its next pass)."""
 
 
 def _memo(memo: Any) -> Memo:
@@ -181,6 +186,8 @@ async def supervise(
                 memo.wakeups,
                 not_before=due,
                 metrics=memo.metrics,
+                network=memo.network,
+                covered=memo.covered,
             )
             failures = 0
         except asyncio.CancelledError:
@@ -261,6 +268,7 @@ async def cleanup(name: str, namespace: str | None, uid: str | None, memo: Any, 
     memo.wakeups.forget(namespace, name)
     memo.departures.forget(namespace, name)
     memo.metrics.forget(namespace, name, uid)
+    memo.covered.discard(uid or "")
     logger.info("%s/%s deleted; removed RayJobs %s, kept checkpoints", namespace, name, deleted or "none")
 
 
@@ -276,13 +284,15 @@ async def run(
     resync_seconds: float | None = None,
     metrics_address: str | None = None,
     exporter: metrics.Exporter | None = None,
+    network: netpolicy.Sources | None = netpolicy.DEFAULT,
 ) -> None:
     """Run kopf with the handlers above until `stop_flag` is set. No namespaces: every namespace.
 
     `metrics_address` (HOST:PORT): where /metrics is served, None: nowhere; `exporter`: the metrics to keep (a
-    test reads its port or registry), else a new one.
+    test reads its port or registry), else a new one; `network`: the sources of every run's NetworkPolicy (None:
+    none is made).
     """
-    memo = Memo(api=api, metrics_address=metrics_address)
+    memo = Memo(api=api, metrics_address=metrics_address, network=network)
     if exporter is not None:
         memo.metrics = exporter
     if resync_seconds is not None:

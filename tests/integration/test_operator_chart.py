@@ -156,36 +156,40 @@ def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked(
     assert result.returncode == 0, result.stderr
 
 
-def test_the_network_policy_opens_rays_metrics_port_for_scraping_and_keeps_the_job_api_closed(
+def test_the_operators_own_network_policy_admits_its_metrics_port_only_from_the_named_namespaces(
     control_plane: Any, namespace: str
 ) -> None:
-    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    open_to_all, open_to_one = (
+    """The chart's NetworkPolicy is the operator pod's own (each run's Ray pods get one from the operator,
+    `netpolicy.py`): closed by default, its /metrics port open to the namespaces the admin names, and the
+    operator told where KubeRay runs."""
+    closed, scraped = (
         by_kind(render(control_plane, "np", namespace, "--set", f"watchNamespaces={{{namespace}}}", *extra))
-        for extra in ([], ["--set-json", f"networkPolicy.rayMetrics.from=[{json.dumps(peer)}]"])
+        for extra in ([], ["--set-json", 'networkPolicy.metricsNamespaces=["monitoring"]'])
     )
-    rules = open_to_all["NetworkPolicy"]["spec"]["ingress"]
-    assert {"ports": [{"protocol": "TCP", "port": 8080}]} in rules, "Ray's metrics port, from anywhere"
-    assert {"ports": [{"protocol": "TCP", "port": 8080}], "from": [peer]} in open_to_one["NetworkPolicy"]["spec"][
-        "ingress"
-    ]
-    dashboard = [r for r in rules if any(p.get("port") == 8265 for p in r["ports"])]
-    assert len(dashboard) == 1 and dashboard[0]["from"][0]["podSelector"]["matchLabels"] == {
-        "app.kubernetes.io/name": "kuberay-operator"
+    assert closed["NetworkPolicy"]["spec"]["ingress"] == []
+    assert (
+        closed["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"]
+        == (closed["Deployment"]["spec"]["selector"]["matchLabels"])
+    )
+    [rule] = scraped["NetworkPolicy"]["spec"]["ingress"]
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in scraped["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"]
     }
-    clash = helm(
-        control_plane,
-        "template",
-        "np",
-        str(CHART),
-        "--kube-version",
-        "1.35.0",
-        "--set",
-        f"watchNamespaces={{{namespace}}}",
-        "--set",
-        "networkPolicy.rayMetrics.port=8265",
-    )
-    assert clash.returncode != 0 and "must differ from networkPolicy.dashboardPort" in clash.stderr
+    assert rule["ports"] == [{"protocol": "TCP", "port": ports["metrics"]}]  # not the health port
+    assert rule["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring"]
+    args = scraped["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kuberay-namespace=ray-system" in args and "--metrics-namespace=monitoring" in args
+    assert "--kuberay-label=app.kubernetes.io/name=kuberay-operator" in args
+    rules = [r for r in closed["ClusterRole"]["rules"] if "networkpolicies" in r["resources"]]
+    assert rules == [
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create", "get", "patch"]}
+    ]
+    gone = helm(
+        control_plane, "template", "np", str(CHART), "--kube-version", "1.35.0",
+        "--set", f"watchNamespaces={{{namespace}}}", "--set", "networkPolicy.dashboardPort=8265",
+    )  # fmt: skip
+    assert gone.returncode != 0 and "networkPolicy.metricsNamespaces" in gone.stderr
 
 
 def test_manifests_do_not_drift_from_the_chart(control_plane: Any) -> None:
@@ -208,8 +212,6 @@ def test_the_operator_runs_the_preemption_journey_with_only_the_charts_rbac(
         namespace,
         "--set",
         f"watchNamespaces={{{namespace}}}",
-        "--set",
-        "networkPolicy.enabled=false",
     )
     rbac = [
         d

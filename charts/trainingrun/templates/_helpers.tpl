@@ -19,7 +19,3 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "trainingrun.networkPolicyNamespaces" -}}
-{{- $ns := .Values.networkPolicy.namespaces | default .Values.watchNamespaces -}}
-{{- toJson $ns -}}
-{{- end -}}

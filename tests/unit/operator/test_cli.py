@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import yaml
@@ -215,4 +216,53 @@ def test_a_metrics_address_without_a_port_is_named_before_anything_starts(
     assert err == (
         "trainingrun operator: error: --metrics-address: metrics address '0.0.0.0': expected HOST:PORT, "
         "e.g. 0.0.0.0:8081\n"
+    )
+
+
+def operator_settings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, Any]:
+    """What `trainingrun operator ARGV` hands cli.operate (no cluster: the credentials and the operator are fakes)."""
+    import kubernetes.client
+
+    from trainingrun_operator import apiclient
+
+    handed: dict[str, Any] = {}
+
+    async def operate(api: Any, **kwargs: Any) -> None:
+        handed.update(kwargs)
+
+    monkeypatch.setattr(apiclient, "load_configuration", lambda *_: kubernetes.client.Configuration())
+    monkeypatch.setattr(cli, "operate", operate)
+    assert cli.main(["operator", *argv]) == 0
+    return handed
+
+
+def test_the_network_policy_flags_become_the_sources_of_every_run_s_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainingrun_operator import netpolicy
+
+    assert operator_settings(monkeypatch)["network"] == netpolicy.DEFAULT
+    given = operator_settings(
+        monkeypatch,
+        "--kuberay-namespace=ray-system",
+        "--kuberay-label=app=kuberay",
+        "--kuberay-label=tier=operator",
+        "--metrics-namespace=monitoring",
+        "--metrics-namespace=obs",
+    )
+    assert given["network"] == netpolicy.Sources(
+        kuberay_labels={"app": "kuberay", "tier": "operator"},
+        kuberay_namespace="ray-system",
+        metrics_namespaces=("monitoring", "obs"),
+    )
+    assert operator_settings(monkeypatch, "--no-network-policy")["network"] is None
+
+
+@pytest.mark.parametrize("label", ["app", "=kuberay"])
+def test_a_kuberay_label_that_is_not_key_equals_value_is_named_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], label: str
+) -> None:
+    code, err = trainingrun(capsys, "operator", f"--kuberay-label={label}")
+    assert code == 2
+    assert err == (
+        f"trainingrun operator: error: --kuberay-label {label}: expected KEY=VALUE, "
+        "e.g. app.kubernetes.io/name=kuberay-operator\n"
     )

@@ -213,3 +213,21 @@ async def test_a_cancelled_pass_still_ends_the_daemon(monkeypatch: pytest.Monkey
 def test_the_backoff_after_any_number_of_failed_passes_is_capped_and_never_overflows() -> None:
     assert [handlers._backoff(n) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
     assert handlers._backoff(10_000) == handlers.MAX_ERROR_DELAY
+
+
+async def test_every_pass_gets_the_operator_s_network_policy_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainingrun_operator import netpolicy
+
+    stopped, handed = Stopped(), []
+
+    async def reconcile(*args: Any, network: Any = "missing", covered: Any = "missing", **kwargs: Any) -> float | None:
+        handed.append((network, covered))
+        stopped.flag.set()
+        return None
+
+    monkeypatch.setattr(reconciler, "reconcile", reconcile)
+    sources = netpolicy.Sources(kuberay_namespace="ray-system")
+    memo = handlers.Memo(api=EventsApi(), network=sources)  # type: ignore[arg-type]
+    await handlers.supervise(name="tiny", namespace="ns", body=kopf.Body(tiny()), memo=memo, stopped=stopped)  # type: ignore[arg-type]
+    assert handed == [(sources, memo.covered)] and handed[0][1] is memo.covered, "the process's own memory"
+    assert handlers.Memo(api=EventsApi()).network == netpolicy.DEFAULT, "closed by default"  # type: ignore[arg-type]

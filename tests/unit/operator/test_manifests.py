@@ -57,6 +57,7 @@ def test_the_rendered_manifests_declare_their_source() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "NetworkPolicy",
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
