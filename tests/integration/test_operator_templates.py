@@ -121,3 +121,36 @@ def test_a_template_typo_is_rejected_by_kubectl_apply_naming_the_field(
     result = apply(control_plane, namespace, templates.with_templates(head=fragment))
     assert result.returncode != 0
     assert field in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("example", ["tiny.yaml", "cluster.yaml"])
+def test_the_ray_pods_are_admitted_in_a_namespace_that_enforces_the_restricted_pod_security_standard(
+    control_plane: Any, namespace: str, example: str
+) -> None:
+    """The API server's PodSecurity admission (`restricted`) admits the pods of every group the operator builds, as
+    they come out of the RayJob's templates (KubeRay adds its own containers' ports and environment, and copies the
+    Ray container's securityContext to its init container); the same pod without the operator's securityContext is
+    refused, so the namespace does enforce it."""
+    control_plane.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
+    )
+    docs = yaml.safe_load_all((templates.EXAMPLE.parent / example).read_text())
+    doc = next(d for d in docs if d and d["kind"] == model.KIND)
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    control_plane.kubectl("create", "serviceaccount", f"{doc['metadata']['name']}-driver", "-n", namespace)
+    built = rayjob.build_rayjob(doc["metadata"]["name"], namespace, "uid-1", 1, None, spec)["spec"]["rayClusterSpec"]
+    groups = [built["headGroupSpec"], *built.get("workerGroupSpecs", [])]
+    for i, group in enumerate(groups):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"psa-{i}"}, "spec": group["template"]["spec"]}
+        admitted = control_plane.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(pod), check=False
+        )
+        assert admitted.returncode == 0, admitted.stderr
+        bare = copy.deepcopy(pod)
+        bare["spec"].pop("securityContext", None)
+        for container in bare["spec"]["containers"]:
+            container.pop("securityContext", None)
+        refused = control_plane.kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(bare), check=False
+        )
+        assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
