@@ -65,3 +65,29 @@ def test_every_mutation_of_the_examples_is_rejected_at_admission_naming_the_fiel
     assert unnamed == [], f"{len(unnamed)} of {len(corpus)} rejected without naming the field:\n" + "\n".join(unnamed)
     assert {status for status, _ in answers} <= {400, 422}
     print(f"{len(corpus)} mutations rejected in {took:.1f}s ({THREADS} threads)")
+
+
+def test_the_trainers_math_cannot_change_once_the_run_has_a_checkpoint(control_plane: Any, namespace: str) -> None:
+    """A transition rule on the real API server: before the first recorded checkpoint spec.trainer may change; after
+    it the math fields (the checkpoint's config hash) are refused naming spec.trainer, and the step limit is not."""
+    _, doc = mutations.examples()[0]
+    name = doc["metadata"]["name"]
+    runs = f"/apis/trainingrun.dev/v1alpha1/namespaces/{namespace}/trainingruns"
+    status, body = control_plane.request("POST", runs, doc)
+    assert status == 201, body
+
+    def patch(body: dict[str, Any], subresource: str = "") -> tuple[int, Any]:
+        path = f"{runs}/{name}{subresource}"
+        answer: tuple[int, Any] = control_plane.request(
+            "PATCH", path, body, content_type="application/merge-patch+json"
+        )
+        return answer
+
+    lr = {"spec": {"trainer": {"grpo": {"lr": 0.01}}}}
+    assert patch(lr)[0] == 200, "no checkpoint yet: the math may change"
+    latest = {"step": 4, "path": f"/checkpoints/{name}/step_4", "attempt": 1, "time": "2026-12-04T00:00:00Z"}
+    assert patch({"status": {"checkpoints": {"latest": latest}}}, "/status")[0] == 200
+    status, body = patch({"spec": {"trainer": {"grpo": {"lr": 0.02}}}})
+    assert status == 422 and names(body, "spec.trainer"), body
+    assert "another name" in str(body)
+    assert patch({"spec": {"trainer": {"steps": 999}}})[0] == 200, "the step limit may change"

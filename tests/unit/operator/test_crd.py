@@ -523,3 +523,13 @@ def test_a_message_within_the_bound_is_kept_whole() -> None:
     assert model.AttemptRecord(number=1, message=exact).wire()["message"] == exact
     copied = model.AttemptRecord(number=1).model_copy(update={"message": exact + "y"})
     assert copied.wire()["message"] == "x" * (model.MESSAGE_CHARS - 15) + " ...[truncated]"
+
+
+def test_the_rule_that_freezes_the_trainers_math_once_a_checkpoint_exists_names_exactly_the_math_fields() -> None:
+    from trainingrun_runtime import config
+
+    [rule] = [r for r in _schema()["x-kubernetes-validations"] if "oldSelf.status.checkpoints.latest" in r["rule"]]
+    named = set(re.findall(r"has\(self\.spec\.trainer\.(\w+)\)", rule["rule"]))
+    math = {path.removeprefix("trainer.") for path in config.MATH_FIELDS}
+    assert named == {re.sub(r"_(\w)", lambda m: m.group(1).upper(), f) for f in math}
+    assert rule["fieldPath"] == ".spec.trainer" and "another name" in rule["message"]
