@@ -4,21 +4,24 @@
 
 The file is read and checked by `runfile.load` (what is wrong, and on which line, before anything starts).
 Every TICK seconds the supervisor does what the operator does on a cluster, with a driver process standing in
-for the RayJob:
+for the RayJob. Its run directory is DIR/local/<run>/ (`local` is local mode's namespace, as a cluster's runs live
+in <root>/<namespace>/<run>/); the driver's --root is DIR/local:
 
-    read DIR/<run>/attempts/<N>/runtime.json  ──► status.runtime   (the driver's file reporter; fenced by attempt)
-    observe the attempt's driver process      ──► AttemptObservation(backend="local")
-    decision.decide(...)                      ──► write DIR/<run>/status.json (same shape as the CR status)
+    read DIR/local/<run>/attempts/<N>/runtime.json ──► status.runtime (the driver's file reporter; fenced by attempt)
+    observe the attempt's driver process            ──► AttemptObservation(backend="local")
+    decision.decide(...)                            ──► write DIR/local/<run>/status.json (the CR status's shape)
     act: CreateAttempt  -> spawn `python -m trainingrun_runtime ... --reporter file` (`driver_process`); one local
                            Ray node, so generation runs beside the driver whatever spec.ray.workers says
          DeleteRayJob   -> kill every process of the attempt (its local Ray goes with it); the decision asks for
                            this also when the attempt stalled (`watchdog.py`)
          EnsureIdentity -> nothing (no API server)
-         Event          -> the console and DIR/<run>/events.jsonl
-    until Succeeded or Failed; then DIR/<run>/reward.png (reward per step, attempts marked).
+         Event          -> the console and DIR/local/<run>/events.jsonl
+    until Succeeded or Failed; then DIR/local/<run>/reward.png (reward per step, attempts marked).
 
 Re-running the same command resumes: status.json is read back, and an attempt whose process is not ours (the
-previous supervisor stopped) ends as Preempted, so the next attempt resumes from the recorded checkpoint.
+previous supervisor stopped) ends as Preempted, so the next attempt resumes from the recorded checkpoint. A run
+directory of the layout before the namespace level (DIR/<run>/ with a status.json) is moved to DIR/local/<run>/
+first (`adopt_old_layout`: one machine, one namespace, so no ownership question), and that is said on the console.
 
 The supervisor owns its drivers: when it dies, even by SIGKILL, they die too. The driver gets SIGKILL from the
 kernel when the supervisor goes (`driver_process.bound_to_parent`), its local Ray goes with it, and the
@@ -61,10 +64,15 @@ from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
 from trainingrun_runtime import timestamps
 
-__all__ = ["Chaos", "LocalRun", "marker", "read_rewards", "run_file"]
+__all__ = ["NAMESPACE", "Chaos", "LocalRun", "adopt_old_layout", "marker", "read_rewards", "run_file"]
 
 logger = logging.getLogger(__name__)
 
+NAMESPACE = "local"
+"""Local mode's namespace: run directories are DIR/local/<run>/."""
+STATUS_FILE = "status.json"
+_ASIDE = ".moving"
+"""DIR/local.moving: an old-layout run named `local` on its way into DIR/local/local (no run name holds a dot)."""
 TICK_SECONDS = 0.25
 KILL_GRACE_SECONDS = 10.0
 _REWARD_LINE = re.compile(r"step (\d+): reward (-?[0-9.]+(?:e-?\d+)?)")
@@ -77,6 +85,51 @@ def _write_json_atomically(path: pathlib.Path, value: Any) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move(source: pathlib.Path, target: pathlib.Path) -> None:
+    """rename, then fsync both parents (the target's parent is created if missing, and its own parent synced)."""
+    if not target.parent.exists():
+        target.parent.mkdir()
+        _fsync_dir(target.parent.parent)
+    os.rename(source, target)
+    _fsync_dir(target.parent)
+    _fsync_dir(source.parent)
+
+
+def adopt_old_layout(root: pathlib.Path, run: str) -> list[tuple[pathlib.Path, pathlib.Path]]:
+    """Move run directories of the layout before the namespace level to DIR/local/<run>/; the moves made.
+
+    First an old-layout run named `local` (DIR/local/status.json: it holds the namespace's place), by way of
+    DIR/local.moving, so that no run directory is ever moved into it; then `run`'s own DIR/<run>/, if it has a
+    status.json and DIR/local/<run>/ does not exist. A start after a crash between two renames finishes the move.
+    """
+    moved: list[tuple[pathlib.Path, pathlib.Path]] = []
+    namespace = root / NAMESPACE
+    aside = root / (NAMESPACE + _ASIDE)
+    if (namespace / STATUS_FILE).is_file() and not aside.exists():
+        _move(namespace, aside)
+    if aside.is_dir():
+        target = namespace / NAMESPACE
+        if target.exists():
+            logger.warning("%s is left where it is: %s exists already; move it there by hand if it is the run's",
+                           aside, target)  # fmt: skip
+        else:
+            _move(aside, target)
+            moved.append((namespace, target))
+    old, new = root / run, namespace / run
+    if run != NAMESPACE and (old / STATUS_FILE).is_file() and not new.exists():
+        _move(old, new)
+        moved.append((old, new))
+    return moved
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
@@ -136,7 +189,7 @@ def read_rewards(run_dir: pathlib.Path, attempt: int | None = None) -> dict[int,
 
 
 class LocalRun:
-    """Supervises one TrainingRun under DIR/<run>/ until it succeeds or fails."""
+    """Supervises one TrainingRun under DIR/local/<run>/ until it succeeds or fails."""
 
     def __init__(
         self,
@@ -150,7 +203,9 @@ class LocalRun:
         self.run = run
         self.name = run.metadata.name
         self.root = root.resolve()
-        self.dir = self.root / self.name
+        self.namespace_root = self.root / NAMESPACE
+        """The driver's --root."""
+        self.dir = self.namespace_root / self.name
         self.chaos = chaos
         self.clock = clock
         self.console = console or sys.stderr
@@ -158,6 +213,13 @@ class LocalRun:
         self.status: dict[str, Any] = {}
 
     # ---------------------------------------------------------------------------------------- state
+
+    def adopt_old_layout(self) -> None:
+        """Before anything reads the run directory: move one of the layout before the namespace level into place."""
+        for source, target in adopt_old_layout(self.root, self.name):
+            logger.info("moved %s to %s", source, target)
+            print(f"moved the run directory {source} (layout before the namespace level) to {target}",
+                  file=self.console, flush=True)  # fmt: skip
 
     def load_status(self) -> None:
         """status.json from a previous invocation, made ready to continue."""
@@ -221,7 +283,7 @@ class LocalRun:
         args = driver_process.DriverArgs(
             run=self.name,
             attempt=action.number,
-            root=str(self.root),
+            root=str(self.namespace_root),
             config=validation.runtime_config(self.run.spec, local=True).model_dump(mode="json", by_alias=True),
             resume="latest" if action.resume is None else str(action.resume),
             fallback=",".join(str(s) for s in action.fallback) if action.resume is not None else None,
@@ -237,15 +299,23 @@ class LocalRun:
     def sweep_orphans(self) -> list[int]:
         """SIGKILL what a dead supervisor of this run directory left running (its reaper died with it, or was not
         there); the pids killed. A live supervisor's processes are left alone."""
-        dead: set[int] = set()
+        dead: set[tuple[str, int]] = set()
+        ours = (str(self.dir), str(self.root / self.name))  # the run directory, and where the old layout had it
         for value in processes.marked(driver_process.MARKER_ENV).values():
             run_dir, _, supervisor = value.rpartition("#")[0].rpartition("#")  # <run dir>#<supervisor>#<attempt>
-            if run_dir == str(self.dir) and supervisor.isdigit() and not processes.exists(int(supervisor)):
-                dead.add(int(supervisor))
-        killed = [pid for sup in sorted(dead) for pid in reaper.sweep(driver_process.MARKER_ENV, marker(self.dir, sup))]
+            if run_dir in ours and supervisor.isdigit() and not processes.exists(int(supervisor)):
+                dead.add((run_dir, int(supervisor)))
+        killed = [
+            pid
+            for run_dir, sup in sorted(dead)
+            for pid in reaper.sweep(driver_process.MARKER_ENV, marker(pathlib.Path(run_dir), sup))
+        ]
         if killed:
             logger.warning(
-                "killed %d processes left by earlier supervisors %s of %s", len(killed), sorted(dead), self.dir
+                "killed %d processes left by earlier supervisors %s of %s",
+                len(killed),
+                sorted(sup for _, sup in dead),
+                self.dir,
             )
         return killed
 
@@ -302,6 +372,7 @@ class LocalRun:
 
     def supervise(self, on_tick: Callable[[LocalRun], None] | None = None) -> Phase:
         """Pass after pass until the run is Succeeded or Failed; every driver is gone on return."""
+        self.adopt_old_layout()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.load_status()
         self.sweep_orphans()
@@ -406,6 +477,7 @@ def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, see
     run = runfile.load(path)
     _make_root(root)
     local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None)
+    local.adopt_old_layout()
     previous = _read_json(local.dir / "status.json") or {}
     if previous.get("phase") == Phase.SUCCEEDED.value:
         print(f"{run.metadata.name} already succeeded (see {local.dir / 'status.json'})", file=sys.stderr)

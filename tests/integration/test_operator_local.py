@@ -101,7 +101,7 @@ def test_trainingrun_run_with_chaos_resumes_from_recorded_checkpoints_and_finish
     assert result.returncode == 0, result.stderr[-4000:]
 
     steps = yaml.safe_load(EXAMPLE.read_text())["spec"]["trainer"]["steps"]
-    status = json.loads((tmp_path / "tiny" / "status.json").read_text())
+    status = json.loads((tmp_path / "local" / "tiny" / "status.json").read_text())
     assert status["phase"] == "Succeeded"
     attempts = status["attempts"]
     assert len(attempts) >= 2, "--chaos killed at least one attempt"
@@ -115,9 +115,11 @@ def test_trainingrun_run_with_chaos_resumes_from_recorded_checkpoints_and_finish
         assert attempt["resumedFrom"] in recorded, f"attempt {attempt['number']} resumed from a recorded checkpoint"
     assert status["checkpoints"]["latest"]["step"] == steps
     assert status["checkpoints"]["latest"]["attempt"] == attempts[-1]["number"]
-    assert (tmp_path / "tiny" / f"step_{steps}" / "manifest.json").is_file()
-    assert (tmp_path / "tiny" / "reward.png").stat().st_size > 0
-    events = [json.loads(line)["reason"] for line in (tmp_path / "tiny" / "events.jsonl").read_text().splitlines()]
+    assert (tmp_path / "local" / "tiny" / f"step_{steps}" / "manifest.json").is_file()
+    assert (tmp_path / "local" / "tiny" / "reward.png").stat().st_size > 0
+    events = [
+        json.loads(line)["reason"] for line in (tmp_path / "local" / "tiny" / "events.jsonl").read_text().splitlines()
+    ]
     assert "ChaosKill" in events and "Succeeded" in events
 
     again = trainingrun("run", str(EXAMPLE), "--root", str(tmp_path), timeout=120)
@@ -133,7 +135,7 @@ def test_a_frozen_driver_is_ended_as_stalled_and_the_next_attempt_resumes_from_t
     run_file = shortened(tmp_path, steps=steps, save_period=5, progressDeadlineSeconds=deadline)
     root = tmp_path / "runs"
     supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "trainingrun.log")
-    run_dir = root / "tiny"
+    run_dir = root / "local" / "tiny"
 
     def diagnostics() -> str:
         return (tmp_path / "trainingrun.log").read_text(errors="replace")[-4000:]
@@ -183,7 +185,7 @@ def test_a_killed_trainingrun_takes_its_attempt_down_and_the_same_command_resume
     steps = 40  # long enough, at any speed, to kill it before it ends
     run_file = shortened(tmp_path, steps=steps, save_period=5)
     root = tmp_path / "runs"
-    run_dir = root / "tiny"
+    run_dir = root / "local" / "tiny"
     supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "first.log")
     try:
         waiting.wait(lambda: recorded_before_the_end(run_dir / "status.json", 1, steps), timeout=600,
@@ -220,3 +222,38 @@ def test_a_killed_trainingrun_takes_its_attempt_down_and_the_same_command_resume
     assert "left by earlier supervisors" not in again.stderr, "the reaper, not the re-run, cleaned up"
     reaped = (run_dir / "reaper.log").read_text().strip()  # the first supervisor's reaper has finished by now
     print(f"\nFIGURES attempt_gone_after_supervisor_kill_s={gone_after:.2f} reaper_log={reaped!r}")
+
+
+@pytest.mark.timeout(1200)
+def test_a_run_directory_of_the_layout_before_the_namespace_level_is_moved_into_place_and_resumes(
+    tmp_path: pathlib.Path,
+) -> None:
+    """An interrupted run left as an older version kept it (DIR/<run>/): the same command moves it to DIR/local/<run>/
+    and resumes from its recorded checkpoint."""
+    steps = 40  # long enough, at any speed, to kill it before it ends
+    run_file = shortened(tmp_path, steps=steps, save_period=5)
+    root = tmp_path / "runs"
+    run_dir = root / "local" / "tiny"
+    supervisor = start_trainingrun("run", str(run_file), "--root", str(root), log=tmp_path / "first.log")
+    try:
+        waiting.wait(lambda: recorded_before_the_end(run_dir / "status.json", 1, steps), timeout=600,
+                     what="attempt 1 training past a recorded checkpoint",
+                     diagnostics=lambda: (tmp_path / "first.log").read_text(errors="replace")[-4000:])  # fmt: skip
+    finally:
+        supervisor.kill()
+        supervisor.wait(30)
+    waiting.wait(lambda: attempt_processes(run_dir, 1, supervisor.pid) == {}, timeout=15, what="attempt 1 gone")
+    recorded = (read_json(run_dir / "status.json").get("checkpoints") or {}).get("latest") or {}
+    os.rename(run_dir, root / "tiny")  # the old layout (the reaper, if it still runs, logs through its open file)
+    (root / "local").rmdir()
+
+    again = trainingrun("run", str(run_file), "--root", str(root), timeout=900)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"moved the run directory {root / 'tiny'} (layout before the namespace level) to {run_dir}" in again.stderr
+    assert not (root / "tiny").exists()
+    status = read_json(run_dir / "status.json")
+    first, second = status["attempts"]
+    assert first["reason"] == "Preempted", first
+    assert second["reason"] == "Succeeded" and second["resumedFrom"] >= recorded["step"] > 0, (second, recorded)
+    assert status["checkpoints"]["latest"]["step"] == steps
+    assert (run_dir / f"step_{steps}" / "manifest.json").is_file()

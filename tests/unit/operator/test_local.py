@@ -8,6 +8,8 @@ kills processes, not training (which needs Ray, kept out of unit tests).
 from __future__ import annotations
 
 import datetime
+import io
+import json
 import os
 import pathlib
 import random
@@ -16,7 +18,7 @@ import sys
 
 import pytest
 
-from trainingrun_operator import driver_process, local, runfile
+from trainingrun_operator import decision, driver_process, local, runfile
 from trainingrun_operator.classification import Context, FailureClass, classify
 
 RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_not_ready_seconds=60.0, running=True)
@@ -142,3 +144,109 @@ def test_a_rerun_kills_what_a_dead_supervisor_of_the_same_run_left_and_nothing_e
         for proc in (orphan, live, other_run):
             proc.kill("test")
             proc.popen.wait(10)
+
+
+# ------------------------------------------------------------------ the layout: DIR/local/<run>/, and the old one
+
+
+def old_run_dir(root: pathlib.Path, run: str, status: dict[str, object] | None = None) -> pathlib.Path:
+    """DIR/<run>/ as the layout before the namespace level left it: a status file and a checkpoint."""
+    run_dir = root / run
+    (run_dir / "step_10").mkdir(parents=True)
+    (run_dir / "step_10" / "manifest.json").write_text("{}")
+    (run_dir / "status.json").write_text(json.dumps(status or {"phase": "Running", "attempts": [{"number": 1}]}))
+    return run_dir
+
+
+def test_a_run_keeps_its_files_under_the_local_namespace_and_the_driver_gets_that_root(
+    tiny: local.LocalRun, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[driver_process.DriverArgs] = []
+
+    def spawn_driver(
+        args: driver_process.DriverArgs, log: pathlib.Path, *, marker: str
+    ) -> driver_process.DriverProcess:
+        spawned.append(args)
+        return driver_process.DriverProcess(args.attempt, subprocess.Popen(["true"]), log, marker)
+
+    monkeypatch.setattr(driver_process, "spawn", spawn_driver)
+    assert tiny.dir == tmp_path / "local" / "tiny"
+    tiny.status = {"startTime": "t"}
+    tiny.save_status()
+    assert (tmp_path / "local" / "tiny" / "status.json").is_file()
+    tiny.spawn(decision.CreateAttempt(number=1, ray_job_name="tiny-a1", resume=None))
+    tiny.procs[1].popen.wait(10)
+    (args,) = spawned
+    assert (args.root, args.run) == (str(tmp_path / "local"), "tiny")
+
+
+def test_an_old_layout_run_directory_is_moved_into_place_and_its_status_read_back(
+    tiny: local.LocalRun, tmp_path: pathlib.Path
+) -> None:
+    old_run_dir(tmp_path, "tiny")
+    console = io.StringIO()
+    tiny.console = console
+    tiny.adopt_old_layout()
+    assert not (tmp_path / "tiny").exists()
+    assert (tiny.dir / "step_10" / "manifest.json").is_file()
+    assert console.getvalue() == (
+        f"moved the run directory {tmp_path / 'tiny'} (layout before the namespace level) to {tiny.dir}\n"
+    )
+    tiny.load_status()
+    assert tiny.status == {"phase": "Running", "attempts": [{"number": 1}]}
+
+
+def test_an_already_succeeded_old_layout_run_is_found_by_trainingrun_run(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old_run_dir(tmp_path, "tiny", {"phase": "Succeeded"})
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    assert local.run_file(repo / "manifests" / "examples" / "tiny.yaml", root=tmp_path) == 0
+    err = capsys.readouterr().err
+    assert f"to {tmp_path / 'local' / 'tiny'}" in err
+    assert f"tiny already succeeded (see {tmp_path / 'local' / 'tiny' / 'status.json'})" in err
+
+
+def test_an_old_layout_run_named_local_moves_aside_first_so_no_run_lands_inside_it(tmp_path: pathlib.Path) -> None:
+    old_run_dir(tmp_path, "local", {"phase": "Succeeded"})
+    old_run_dir(tmp_path, "tiny")
+    moved = local.adopt_old_layout(tmp_path, "tiny")
+    assert moved == [
+        (tmp_path / "local", tmp_path / "local" / "local"),
+        (tmp_path / "tiny", tmp_path / "local" / "tiny"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local"]
+    assert sorted(p.name for p in (tmp_path / "local").iterdir()) == ["local", "tiny"]
+    assert json.loads((tmp_path / "local" / "local" / "status.json").read_text()) == {"phase": "Succeeded"}
+    assert (tmp_path / "local" / "tiny" / "step_10").is_dir()
+    assert local.adopt_old_layout(tmp_path, "local") == [], "done once"
+
+
+def test_a_move_of_the_run_named_local_cut_short_is_finished_by_the_next_start(tmp_path: pathlib.Path) -> None:
+    old_run_dir(tmp_path, "local.moving")
+    assert local.adopt_old_layout(tmp_path, "local") == [(tmp_path / "local", tmp_path / "local" / "local")]
+    assert (tmp_path / "local" / "local" / "step_10").is_dir() and not (tmp_path / "local.moving").exists()
+
+
+def test_a_directory_without_a_status_file_or_with_a_run_in_place_already_is_not_moved(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "other" / "step_3").mkdir(parents=True)
+    old_run_dir(tmp_path, "tiny")
+    (tmp_path / "local" / "tiny").mkdir(parents=True)
+    assert local.adopt_old_layout(tmp_path, "other") == []
+    assert local.adopt_old_layout(tmp_path, "tiny") == []
+    assert (tmp_path / "other" / "step_3").is_dir() and (tmp_path / "tiny" / "step_10").is_dir()
+    assert list((tmp_path / "local" / "tiny").iterdir()) == []
+
+
+def test_a_rerun_also_kills_what_a_dead_supervisor_of_the_old_layout_left(
+    tiny: local.LocalRun, tmp_path: pathlib.Path
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "tiny", gone.pid, 2))
+    try:
+        assert tiny.sweep_orphans() == [orphan.pid]
+        assert orphan.popen.wait(10) == -9
+    finally:
+        orphan.kill("test")
+        orphan.popen.wait(10)
