@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="run a TrainingRun YAML on this machine (no Kubernetes)")
     run.add_argument("file", help="a TrainingRun YAML, e.g. manifests/examples/tiny.yaml")
     run.add_argument(
-        "--root", default="runs", help="checkpoints in ROOT/<run>/step_N/, status in ROOT/<run>/status.json"
+        "--root", default="runs", help="checkpoints in ROOT/local/<run>/step_N/, status in ROOT/local/<run>/status.json"
     )
     run.add_argument("--chaos", action="store_true", help="kill the driver at random moments to show a resume")
     run.add_argument("--chaos-seed", type=int, default=None, help=argparse.SUPPRESS)

@@ -1,7 +1,8 @@
 """The event log: the order in which setup and the controller built and did things.
 
-    driver setup:  driver_started, run_dir_claimed, checkpoints_set_aside (if any), checkpoint_selected,
-                   ray_started, tq_started, tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
+    driver setup:  run_dir_moved (an old-layout run directory adopted, if any), driver_started, run_dir_claimed,
+                   checkpoints_set_aside (if any), checkpoint_selected, ray_started, tq_started,
+                   tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
     controller:    client_connected, buffer_built, index_restored, pumps_started, step_done (per step, with
                    the mean reward), checkpoint_committed, generator_lost, generator_replaced, finished
 
