@@ -23,6 +23,7 @@ __all__ = [
     "RestoreRefused",
     "Superseded",
     "TrainingRunError",
+    "UnstorableValue",
 ]
 
 
@@ -88,3 +89,7 @@ class RestoreInterrupted(TrainingRunError):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.cause = cause
+
+
+class UnstorableValue(TrainingRunError):
+    """A row holds a value the data-plane checkpoint cannot store exactly: put tensors or plain JSON-like values."""

@@ -1,16 +1,18 @@
 """The on-disk format of one storage unit's snapshot: a header, then each field's rows as raw bytes.
 
 Written and read inside the storage-unit processes by `storage_unit.CompactStorageUnitData`
-(TransferQueue's own save/load calls reach it there). Format 2 replaces format 1, a pickle of the unit's
-state with one compacted column per field, which copied every byte twice on save and once more on load.
-The layout::
+(TransferQueue's own save/load calls reach it there). Format 2 replaced format 1, a pickle of the unit's
+state with one compacted column per field, which copied every byte twice on save and once more on load;
+format 3 replaces format 2's pickled section of other rows with JSON (`row_values`), so reading a file never
+unpickles. The layout::
 
-    offset 0    MAGIC (8 bytes, b"TRCOLS\\x00\\x02")  header length (8 bytes, little endian)
+    offset 0    MAGIC (8 bytes, b"TRCOLS\\x00\\x03")  header length (8 bytes, little endian)
     16          header: JSON (storage unit id and size, active keys, per field: global indexes,
                 dtype and shape (one for the column, or one per row), byte offset and length)
     aligned(64) field data: each field's rows back to back, each row's own bytes, in header order;
                 every column starts 64-byte aligned, every row at a multiple of its item size
-    ...         rows that are not dense CPU tensors (strings, nested tensors, None): one pickle
+    ...         rows that are not dense CPU tensors (strings, None, tags): `row_values` JSON; a value it
+                cannot hold fails the save (`UnstorableValue`)
 
 `write` plans the layout from the rows' own memory (runs of rows adjacent in memory, as the rows of
 one put are, become one piece), creates the file at its final size and returns a `staging.PendingWrite`,
@@ -18,8 +20,10 @@ which writes and hashes the bytes after the barrier's window (see `staging` for 
 
 `read` maps the file copy-on-write and hands out each row as a view into the mapping (no copy; see
 `read` for what that relies on), made when the row is first read (`RestoredRows`). A file that does
-not start with MAGIC (format 1, or not ours) is refused with a `CheckpointCorrupt` naming the file;
-nothing is unpickled before the magic and header check out.
+not start with MAGIC (format 1, or not ours) is refused with a `CheckpointCorrupt` naming the file.
+A format 2 file is read only if its pickled section is empty (every row a dense tensor, as in the bundles
+`tests/fixtures/bundle-format-1` stands for), and refused otherwise, naming the file, the format and the fix:
+like the older formats of the snapshot, nothing of it is unpickled.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import json
 import math
 import mmap
 import os
-import pickle
 import struct
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
@@ -38,7 +41,7 @@ from typing import Any, Final
 
 import torch
 
-from trainingrun_runtime.dataplane import staging
+from trainingrun_runtime.dataplane import row_values, staging
 from trainingrun_runtime.errors import CheckpointCorrupt
 
 __all__ = [
@@ -52,8 +55,9 @@ __all__ = [
     "write",
 ]
 
-FORMAT: Final = 2
-MAGIC: Final = b"TRCOLS\x00\x02"
+FORMAT: Final = 3
+MAGIC: Final = b"TRCOLS\x00\x03"
+_MAGIC_2: Final = b"TRCOLS\x00\x02"  # format 2: the same layout, its other rows pickled (read only without them)
 _PREFIX = struct.Struct("<8sQ")
 _ALIGN: Final = 64
 _ZEROS: Final = bytes(_ALIGN)
@@ -73,9 +77,15 @@ class UnitState:
 
 
 def is_dense_cpu(value: object) -> bool:
-    """A plain strided CPU tensor (written as raw bytes); anything else is pickled."""
+    """A plain strided CPU tensor (written as raw bytes); anything else goes to `row_values`."""
     # `is_cpu` rather than `device.type`: the latter builds a device object per call (slow per row).
-    return type(value) is torch.Tensor and value.layout == torch.strided and value.is_cpu and not value.is_quantized
+    return (
+        type(value) is torch.Tensor
+        and value.layout == torch.strided
+        and value.is_cpu
+        and not value.is_quantized
+        and not value.is_nested  # a strided nested tensor reports the strided layout
+    )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -141,7 +151,7 @@ class _Layout:
 
 def _plan_column(name: str, rows: Mapping[int, Any], layout: _Layout, keep: list[torch.Tensor]
                  ) -> tuple[dict[str, Any], dict[int, Any]]:  # fmt: skip
-    """Lay out one field's dense rows; returns its header entry and the rows to pickle instead.
+    """Lay out one field's dense rows; returns its header entry and the other rows (for `row_values`).
 
     Runs in the barrier's window, once per row: it keeps nothing per row that the garbage collector tracks
     (addresses and lengths are ints; dtypes and shapes only once the rows turn out to differ). Kept tuples
@@ -219,16 +229,16 @@ def write(path: str | os.PathLike[str], state: UnitState) -> staging.PendingWrit
         columns.append(entry)
         if rest:
             others[name] = rest
-    pickled = pickle.dumps(others, protocol=5) if others else b""
+    encoded = row_values.encode(others) if others else b""  # UnstorableValue before the file exists
     others_at = layout.offset
-    layout.add_bytes(pickled)
+    layout.add_bytes(encoded)
     header = {
         "format": FORMAT,
         "storage_unit_id": state.storage_unit_id,
         "storage_unit_size": state.storage_unit_size,
         "active_keys": sorted(state.active_keys),
         "fields": columns,
-        "others": {"offset": others_at, "nbytes": len(pickled)},
+        "others": {"offset": others_at, "nbytes": len(encoded)},
         "data_nbytes": layout.offset,
     }
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -264,12 +274,13 @@ def read(path: str | os.PathLike[str]) -> UnitState:
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(_PREFIX.size)
-        if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
+        if len(prefix) < _PREFIX.size or prefix[:8] not in (MAGIC, _MAGIC_2):
             raise CheckpointCorrupt(
                 f"{where}: not a storage-unit snapshot of format {FORMAT} (a format 1 pickle written by an older "
                 "trainingrun, or not ours); restore it with the trainingrun version that wrote it, or resume "
                 "from a newer checkpoint"
             )
+        version = FORMAT if prefix[:8] == MAGIC else 2
         _magic, head_len = _PREFIX.unpack(prefix)
         if head_len > size:
             raise CheckpointCorrupt(f"{where}: truncated (header of {head_len} bytes, file of {size})")
@@ -277,8 +288,17 @@ def read(path: str | os.PathLike[str]) -> UnitState:
             header = json.loads(f.read(head_len))
             data_start = _align(_PREFIX.size + head_len, _ALIGN)
             data_nbytes = int(header["data_nbytes"])
+            others = header["others"]
+            others_at, others_nbytes = int(others["offset"]), int(others["nbytes"])
         except (ValueError, KeyError, TypeError) as e:
             raise CheckpointCorrupt(f"{where}: unreadable header ({e})") from None
+        if version != FORMAT and others_nbytes:
+            raise CheckpointCorrupt(
+                f"{where}: a storage-unit snapshot of format {version} whose rows that are not dense tensors "
+                f"({others_nbytes} bytes) are a pickle, which this trainingrun never loads (it reads format "
+                f"{FORMAT}); restore it with the trainingrun version that wrote it, or resume from a checkpoint "
+                "written by this version"
+            )
         if data_start + data_nbytes != size:
             raise CheckpointCorrupt(f"{where}: {size} bytes, the header describes {data_start + data_nbytes}")
         flat = _map(f.fileno(), size, data_start, data_nbytes)
@@ -286,10 +306,10 @@ def read(path: str | os.PathLike[str]) -> UnitState:
     try:
         positions: dict[tuple[int, ...], dict[int, int]] = {}  # fields of the same rows share one position map
         field_data = {c["name"]: _rows(flat, c, where, positions) for c in header["fields"]}
-        others = header["others"]
-        if others["nbytes"]:
-            at = int(others["offset"])
-            extra = pickle.loads(flat.numpy().data[at : at + int(others["nbytes"])])
+        if others_nbytes:
+            if others_at < 0 or others_at + others_nbytes > flat.numel():
+                raise CheckpointCorrupt(f"{where}: the rows section lies outside the data section")
+            extra = row_values.decode(flat.numpy().data[others_at : others_at + others_nbytes], where)
             for name, rows in extra.items():
                 field_data.setdefault(name, {}).update(rows)
         return UnitState(
@@ -301,7 +321,7 @@ def read(path: str | os.PathLike[str]) -> UnitState:
         )
     except CheckpointCorrupt:
         raise
-    except (ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
+    except (ValueError, KeyError, TypeError, RuntimeError) as e:
         raise CheckpointCorrupt(f"{where}: inconsistent header ({type(e).__name__}: {e})") from None
 
 

@@ -10,7 +10,8 @@ The fix, in one place: storage units started after `install()` keep a `CompactSt
 plans the file and creates it, and the bytes are written and hashed behind it (`staging`). The unit then leaves
 `{size, blake3}` beside the file in a digest file (`DIGEST_SUFFIX`) for `snapshot.PendingSnapshot.digests`, so
 the bundle never reads the file back to hash it. `load_checkpoint` maps the file and hands out each row as a
-view (`column_file.read`); a file in the old pickle format is refused, naming the file.
+view (`column_file.read`); a file in the old pickle format, or of format 2 with pickled rows, is refused, naming
+the file; nothing a unit reads is unpickled (its rows that are not dense tensors are JSON: `row_values`).
 
 Who calls it: `lifecycle.BootstrapDataPlane.start()` calls `install()` right before `tq.init`, which makes
 TransferQueue's SimpleStorage bootstrap create `CompactSimpleStorageUnit` actors (same names, same config)
@@ -100,13 +101,15 @@ def is_digest_file(name: str) -> bool:
 
 
 class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[misc]
-    """`StorageUnitData` whose snapshot holds each row's own bytes once (`column_file` format 2)."""
+    """`StorageUnitData` whose snapshot holds each row's own bytes once (`column_file` format 3)."""
 
     last_timings: dict[str, float] = {}  # noqa: RUF012 - replaced, never mutated
     """Seconds per phase of this unit's last snapshot write or load (profiling, read through Ray)."""
 
     def save_checkpoint(self, path: str | Path, storage_unit_id: str) -> None:
-        """Plan and create the unit's file; its bytes and digest follow in the background (not fsynced)."""
+        """Plan and create the unit's file; its bytes and digest follow in the background (not fsynced).
+
+        A row holding a value `row_values` cannot store exactly fails the save (`UnstorableValue`, no file made)."""
         state = column_file.UnitState(storage_unit_id, self.storage_size, self.field_data, self._active_keys)
         pending = column_file.write(path, state)
         self.last_timings = pending.timings

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
 import pickle
+import struct
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
@@ -12,7 +16,12 @@ import torch
 
 from support.unit_rows import assert_same_rows, put_rows, unit_state
 from trainingrun_runtime.dataplane import column_file
-from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.errors import CheckpointCorrupt, UnstorableValue
+
+FIXTURE_UNIT = (
+    Path(__file__).resolve().parents[3]
+    / "fixtures/bundle-format-1/compat/step_2/data_plane/simple_storage/su_0_TQ_STORAGE_UNIT_ca5181d3.pkl"
+)
 
 
 def test_rows_round_trip_with_their_dtypes_shapes_and_indexes(tmp_path: Path) -> None:
@@ -72,7 +81,8 @@ def test_a_format_1_pickle_is_refused_naming_the_file_and_the_fix(tmp_path: Path
     old = tmp_path / "su_0_TQ_STORAGE_UNIT_old.pkl"
     old.write_bytes(pickle.dumps({"storage_unit_id": "x", "field_data": {}, "active_keys": set()}, protocol=5))
     with pytest.raises(
-        CheckpointCorrupt, match=rf"{old}: not a storage-unit snapshot of format 2 .* older trainingrun"
+        CheckpointCorrupt,
+        match=rf"{old}: not a storage-unit snapshot of format {column_file.FORMAT} .* older trainingrun",
     ):
         column_file.read(old)
 
@@ -180,3 +190,99 @@ def test_a_header_listing_a_row_twice_is_refused_naming_the_file_and_the_field(t
     path.write_bytes(raw.replace(listed, listed.replace(b"10,11", b"11,11")))  # same length, same layout
     with pytest.raises(CheckpointCorrupt, match=rf"{path}: field 'tokens' lists a row twice"):
         column_file.read(path)
+
+
+class _TouchMarker:
+    """Unpickling this creates the marker file (through os.system): proof that a pickle ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _file_with_section(path: Path, magic: bytes, section: bytes) -> None:
+    """A column file with no columns whose other-rows section is `section` (as a format 2 or 3 writer lays it)."""
+    header = {
+        "format": magic[-1],
+        "storage_unit_id": "u",
+        "storage_unit_size": None,
+        "active_keys": [0],
+        "fields": [],
+        "others": {"offset": 0, "nbytes": len(section)},
+        "data_nbytes": len(section),
+    }
+    head = json.dumps(header).encode()
+    prefix = struct.pack("<8sQ", magic, len(head)) + head
+    path.write_bytes(prefix + bytes(-len(prefix) % 64) + section)
+
+
+def test_rows_that_are_not_tensors_are_stored_as_json_not_as_a_pickle(tmp_path: Path) -> None:
+    state = unit_state()
+    column_file.write(tmp_path / "su", state).result()
+    raw = (tmp_path / "su").read_bytes()
+    assert raw[:8] == column_file.MAGIC == b"TRCOLS\x00\x03"
+    (head_len,) = struct.unpack("<Q", raw[8:16])
+    header = json.loads(raw[16 : 16 + head_len])
+    start = -(-(16 + head_len) // 64) * 64 + header["others"]["offset"]
+    section = json.loads(raw[start : start + header["others"]["nbytes"]])
+    assert section == {"text": [[gi, f"row {gi}"] for gi in state.field_data["text"]]}
+    assert_same_rows(state.field_data, column_file.read(tmp_path / "su").field_data)
+
+
+def test_a_format_2_file_without_pickled_rows_is_read(tmp_path: Path) -> None:
+    loaded = column_file.read(FIXTURE_UNIT)  # written by main at 58dd19e: every row a dense tensor
+    assert FIXTURE_UNIT.read_bytes()[:8] == b"TRCOLS\x00\x02"
+    assert loaded.active_keys == {0, 2, 4, 6}
+    assert loaded.field_data["tokens"][2].shape == (6,) and loaded.field_data["rewards"][6].dtype == torch.float32
+    column_file.write(tmp_path / "again", loaded).result()  # saved again in format 3, the same rows
+    assert_same_rows(dict(loaded.field_data), dict(column_file.read(tmp_path / "again").field_data))
+
+
+def test_a_format_2_file_with_pickled_rows_is_refused_naming_the_fix_and_never_unpickled(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    payload = pickle.dumps({"text": {0: _TouchMarker(marker)}}, protocol=5)
+    pickle.loads(pickle.dumps(_TouchMarker(marker)))  # proof that the payload does create the marker when unpickled
+    assert marker.exists()
+    marker.unlink()
+    path = tmp_path / "su_old"
+    _file_with_section(path, b"TRCOLS\x00\x02", payload)
+    with pytest.raises(CheckpointCorrupt) as refused:
+        column_file.read(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: a storage-unit snapshot of format 2 ")
+    assert (
+        "are a pickle, which this trainingrun never loads" in message and "restore it with the trainingrun" in message
+    )
+    assert not marker.exists()
+
+
+def test_a_pickle_in_the_rows_section_of_a_format_3_file_is_refused_and_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    pickle.loads(pickle.dumps(_TouchMarker(marker)))  # proof that the payload does create the marker when unpickled
+    assert marker.exists()
+    marker.unlink()
+    path = tmp_path / "su"
+    _file_with_section(path, column_file.MAGIC, pickle.dumps({"text": {0: _TouchMarker(marker)}}, protocol=5))
+    with pytest.raises(CheckpointCorrupt, match=rf"{path}: unreadable rows section"):
+        column_file.read(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "type_name"),
+    [
+        (object(), "builtins.object"),
+        ({1, 2}, "builtins.set"),
+        (torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "torch.Tensor"),
+        (torch.ones(2, device="meta"), "torch.Tensor"),
+    ],
+)
+def test_a_value_the_format_cannot_hold_fails_the_save_naming_the_field_row_and_type(
+    tmp_path: Path, value: object, type_name: str
+) -> None:
+    state = column_file.UnitState("u", None, {"odd": {7: value}, "x": {7: torch.ones(2)}}, {7})
+    with pytest.raises(UnstorableValue, match=rf"field 'odd', row 7: a value of type {type_name}, "):
+        column_file.write(tmp_path / "su", state)
+    assert not (tmp_path / "su").exists()  # refused before the file is made
