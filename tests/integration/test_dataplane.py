@@ -7,7 +7,9 @@ few, but each also works alone.
 
 from __future__ import annotations
 
+import fractions
 import json
+import os
 import pickle
 import re
 import shutil
@@ -21,7 +23,7 @@ import ray
 import torch
 import transfer_queue
 
-from trainingrun_runtime.dataplane import row_client, snapshot, storage_unit
+from trainingrun_runtime.dataplane import row_client, snapshot, storage_unit, unpickling
 from trainingrun_runtime.dataplane.lifecycle import (
     BootstrapDataPlane,
     ConnectOnlyDataPlane,
@@ -303,6 +305,21 @@ def test_the_snapshot_stays_within_1_1x_the_live_rows_when_put_256_at_a_time(pla
     client.clear_groups("blowup", [g for groups in batches for g in groups if g not in batches[1][:16]])
 
 
+def test_a_row_value_the_checkpoint_cannot_hold_fails_the_snapshot_naming_the_field_and_type(
+    planes: Planes, tmp_path: Path
+) -> None:
+    _, client = planes.live()
+    groups = groups_of("sv", 1, 2)
+    odd = [fractions.Fraction(1, 3), fractions.Fraction(2, 3)]  # reaches the unit as it is; no exact encoding
+    client.put_groups("unstorable", groups, {"x": torch.ones(2, 2), "odd": odd})
+    try:
+        with pytest.raises(DataPlaneError, match=r"field 'odd', row \d+: a value of type fractions\.Fraction, "):
+            client.snapshot(tmp_path / "dp", {"step": 1})
+        assert not (tmp_path / "dp").exists()
+    finally:
+        client.clear_groups("unstorable", groups)
+
+
 def test_the_snapshot_listing_lists_every_file(planes: Planes, tmp_path: Path) -> None:
     _, client = planes.live()
     client.put_groups("side", groups_of("q", 1, 2), {"x": torch.ones(2, 2)})
@@ -459,6 +476,33 @@ def test_a_snapshot_in_the_old_format_is_refused_naming_the_file_and_the_fix(pla
         snapshot.check_dir(tmp_path / "dp", storage_units=UNITS)
 
 
+def test_a_controller_state_references_exactly_the_globals_the_restricted_unpickler_allows(
+    planes: Planes, tmp_path: Path
+) -> None:
+    """What `unpickling.ALLOWED` is taken from: every global a real controller state names (partitions with
+    tensors, text and ragged rows, tags, freed indexes), listed as the restricted unpickler resolves them."""
+    found: set[tuple[str, str]] = set()
+
+    class Listing(unpickling.ControllerUnpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            found.add((module, name))
+            return super().find_class(module, name)
+
+    _, client = planes.live()
+    groups = groups_of("gl", 3, 4)
+    tags = [{"prompt": i // 4, "score": 0.5, "name": f"p{i}", "ok": True, "none": None} for i in range(12)]
+    client.put_groups("globals", groups, rows_for(groups, seed=5), tags=tags)
+    client.update_fields("globals", list(groups[1].sample_ids), {"advantage": torch.linspace(-1, 1, 4)})
+    client.clear_groups("globals", [groups[0]])
+    snapshot_now(client, tmp_path / "dp", {"step": 1})
+    client.clear_groups("globals", groups[1:])
+    with open(tmp_path / "dp" / "controller_state.pkl", "rb") as f:
+        state = Listing(f, "listing").load()
+    assert "globals" in state["partitions"] and state["index_manager"]["reusable_indexes"]
+    assert {g for g in found if g[0] != "torch"} == unpickling.ALLOWED
+    assert {name for module, name in found if module == "torch"} >= {"int64", "float32"}
+
+
 def test_loading_through_a_client_that_was_already_used_is_refused(planes: Planes, tmp_path: Path) -> None:
     boot, client = planes.live()
     client.list_sample_ids("rows")
@@ -493,6 +537,39 @@ def test_a_failed_load_leaves_the_client_dirty(planes: Planes, tmp_path: Path, d
     assert boot.state().pristine  # refused before TransferQueue's loader saw anything
     with pytest.raises(RestoreRefused, match="already used \\(load_checkpoint\\)"):
         boot.load_checkpoint(good)
+
+
+class _TouchMarker:
+    """Unpickling this creates the marker file (through os.system): proof that a pickle ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_controller_state_is_refused_naming_the_global_before_transferqueue_loads_it(
+    planes: Planes, tmp_path: Path
+) -> None:
+    good, _ = planes.snapshots()
+    bad = shutil.copytree(good, tmp_path / "bad")
+    marker = tmp_path / "ran"
+    pickle.loads(pickle.dumps(_TouchMarker(marker)))  # proof that the payload creates the marker when unpickled
+    assert marker.exists()
+    marker.unlink()
+    crafted = bad / "controller_state.pkl"
+    payload = {"controller_id": _TouchMarker(marker), "partitions": {}, "index_manager": {}, "sampler": {}}
+    crafted.write_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    side = bad / snapshot.LISTING
+    listing = json.loads(side.read_text())
+    listing["files"]["controller_state.pkl"] = crafted.stat().st_size  # a listing that agrees: only the pickle is bad
+    side.write_text(json.dumps(listing))
+    boot = planes.pristine()
+    with pytest.raises(CheckpointCorrupt, match=rf"{re.escape(str(crafted))}: references posix\.system, "):
+        boot.load_checkpoint(bad)
+    assert boot.state().pristine  # refused before TransferQueue's loader saw anything
+    assert not marker.exists()
 
 
 def test_restored_rows_outlive_their_deleted_snapshot_and_take_overwrites(planes: Planes, tmp_path: Path) -> None:

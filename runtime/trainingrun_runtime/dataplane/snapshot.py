@@ -11,8 +11,9 @@
 the other) and returns once every file exists at its final size: the units go on writing and hashing their rows
 in the background (`storage_unit`), and `PendingSnapshot.digests` waits for their checksums, so the bundle never
 reads those files back. `check_dir` holds a snapshot against its listing before any loader sees it (a listing of
-format 1, pickled storage units, is refused naming the fix); `load` is TransferQueue's load, controller and
-units at once. Checksums are the bundle's job (`storage.verification`).
+format 1, pickled storage units, is refused naming the fix) and reads `controller_state.pkl` through
+`unpickling.ControllerUnpickler` (parse only), since TransferQueue's own load unpickles it unrestricted; `load`
+is TransferQueue's load, controller and units at once. Checksums are the bundle's job (`storage.verification`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from trainingrun_runtime.dataplane import storage_unit
+from trainingrun_runtime.dataplane import storage_unit, unpickling
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError
 from trainingrun_runtime.storage import checksum, files
 
@@ -35,7 +36,8 @@ LISTING: Final = "trainingrun_data_plane.json"
 """The snapshot listing, written into every snapshot: format, TransferQueue version, storage-unit count, every file
 with its size."""
 _LISTING_FORMAT: Final = 2
-"""2: storage units in `column_file` format 2; 1: storage units pickled (refused, naming the fix)."""
+"""2: storage units in `column_file` format (3, or 2 without pickled rows; `column_file.read` tells them apart);
+1: storage units pickled (refused, naming the fix)."""
 _UNIT_DIR: Final = "simple_storage"
 _UNIT_INFO: Final = f"{_UNIT_DIR}/storage_unit_info.json"
 _METADATA_FILE: Final = "metadata.json"  # the names tq.save_checkpoint / tq.load_checkpoint use (0.1.11)
@@ -138,7 +140,8 @@ def check_dir(path: Path, *, storage_units: int | None = None) -> dict[str, Any]
     """Check a snapshot directory against its listing before any loader reads it; returns the listing.
 
     Raises CheckpointCorrupt naming the file and the problem (missing, unlisted, wrong size,
-    other TransferQueue version, other storage-unit count, a listing of another format).
+    other TransferQueue version, other storage-unit count, a listing of another format, a controller state
+    that references a global it never holds: `unpickling`, which reads it parse-only).
     """
     if not path.is_dir():
         raise CheckpointCorrupt(f"{path}: missing (no data-plane snapshot)")
@@ -172,6 +175,7 @@ def check_dir(path: Path, *, storage_units: int | None = None) -> dict[str, Any]
     for required in (_METADATA_FILE, _CONTROLLER_FILE):
         if required not in sizes:
             raise CheckpointCorrupt(f"{path / required}: missing from the snapshot")
+    unpickling.check_controller_state(path / _CONTROLLER_FILE)  # TransferQueue's loader unpickles it unrestricted
     return dict(listing)
 
 
