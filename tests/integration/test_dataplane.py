@@ -572,6 +572,28 @@ def test_a_crafted_controller_state_is_refused_naming_the_global_before_transfer
     assert not marker.exists()
 
 
+def test_transferqueues_controller_itself_loads_its_state_only_through_the_restricted_unpickler(
+    planes: Planes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file swapped in after the driver's check (here: the check skipped) still never runs code: the controller's
+    own load refuses the global, in the controller's process."""
+    good, _ = planes.snapshots()
+    bad = shutil.copytree(good, tmp_path / "swapped")
+    marker = tmp_path / "ran"
+    crafted = bad / "controller_state.pkl"
+    payload = {"controller_id": _TouchMarker(marker), "partitions": {}, "index_manager": {}, "sampler": {}}
+    crafted.write_bytes(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))
+    side = bad / snapshot.LISTING
+    listing = json.loads(side.read_text())
+    listing["files"]["controller_state.pkl"] = crafted.stat().st_size
+    side.write_text(json.dumps(listing))
+    monkeypatch.setattr(unpickling, "check_controller_state", lambda path: None)  # the swap after the check
+    boot = planes.pristine()
+    with pytest.raises(Exception, match=r"references posix\.system"):
+        boot.load_checkpoint(bad)
+    assert not marker.exists()
+
+
 def test_restored_rows_outlive_their_deleted_snapshot_and_take_overwrites(planes: Planes, tmp_path: Path) -> None:
     good, _ = planes.snapshots()
     copy = tmp_path / "restored"

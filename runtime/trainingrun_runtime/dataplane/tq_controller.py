@@ -16,6 +16,10 @@ therefore pickles the same dict of the same objects: the same file, which Transf
 
 It also unpickles one tensor when it starts, so a restore does not wait for torch's serialization imports.
 
+Its `load_checkpoint` reads the file through `unpickling.load_controller_state` (only the globals a controller
+state holds), not the stock loader's plain `pickle.load`: the driver checks the same file before the load
+(`snapshot.check_dir`), and this closes the window between that check and the load (a file swapped in between).
+
 Who uses it: `storage_unit.install()` makes `tq.init` create this class (under TransferQueue's name and
 namespace) instead of the stock one. Relies on 0.1.11's controller attributes (`controller_id`,
 `partitions`, `index_manager`, `sampler`), checked with the version pin in `storage_unit.check_version`;
@@ -26,10 +30,14 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
 from transfer_queue import controller as tq_controller  # type: ignore[import-untyped]
+
+from trainingrun_runtime.dataplane import unpickling
 
 __all__ = ["DirectPickleController", "state_of"]
 
@@ -69,3 +77,19 @@ class DirectPickleController(tq_controller.TransferQueueController.__ray_actor_c
         except Exception as e:
             raise RuntimeError(f"[{self.controller_id}]: save checkpoint failed: {e}") from e
         log.debug("controller state saved to %s", path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore the state 0.1.11's `load_checkpoint` restores, unpickled with the restricted unpickler."""
+        try:
+            state = unpickling.load_controller_state(Path(path))
+            self.controller_id = state["controller_id"]
+            self.partitions = state["partitions"]
+            im = state["index_manager"]
+            self.index_manager.partition_to_indexes = defaultdict(set, im["partition_to_indexes"])
+            self.index_manager.reusable_indexes = im["reusable_indexes"]
+            self.index_manager.global_index_counter = im["global_index_counter"]
+            self.index_manager.allocated_indexes = im["allocated_indexes"]
+            self.sampler.load_checkpoint(state["sampler"])
+        except Exception as e:
+            raise RuntimeError(f"[{self.controller_id}]: load checkpoint failed: {e}") from e
+        log.info("[%s]: restored from %s", self.controller_id, path)
