@@ -25,7 +25,7 @@ def unit_state() -> column_file.UnitState:
             "reward": {gi: torch.tensor(float(gi)) for gi in tokens},  # 0-dim rows
             "response": {gi: torch.arange(gi % 3 + 1, dtype=torch.int16) for gi in tokens},  # jagged
             "mixed": {0: torch.ones(3, dtype=torch.uint8), 1: torch.ones(2, dtype=torch.float64)},  # alignment
-            "text": {gi: f"row {gi}" for gi in tokens},  # not tensors: pickled
+            "text": {gi: f"row {gi}" for gi in tokens},  # not tensors: tagged JSON (row_values)
             "strided": {0: torch.arange(12).reshape(3, 4).t()},  # non-contiguous
             "empty": {},
         },
