@@ -115,6 +115,9 @@ class OperatorView:
     """The step the next attempt would resume from: the newest recorded checkpoint not marked bad."""
     recorded: frozenset[int] = frozenset()
     """Every step the status records (latest and history, bad ones too)."""
+    supervised: bool = True
+    """False when there is no status at all (a bare driver, no supervisor): then it records nothing, not even that
+    a step is unrecorded."""
 
     @classmethod
     def of(cls, status: Mapping[str, Any]) -> OperatorView:
@@ -162,7 +165,7 @@ class FileReporter:
         try:
             status = json.loads(self.status_path.read_text())
         except FileNotFoundError:
-            return OperatorView(attempt=None, attempt_ended=False, pinned=None)  # no supervisor (a bare driver)
+            return OperatorView(attempt=None, attempt_ended=False, pinned=None, supervised=False)  # a bare driver
         except (OSError, ValueError) as e:
             log.warning("cannot read %s: %s", self.status_path, e)
             return None

@@ -205,13 +205,16 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
 def _set_aside_orphans(opts: DriverOptions, reporter: reporting.Reporter) -> list[int]:
     """With a pinned resume step: set aside the steps above it that the status records nowhere (`retention`).
 
-    Nothing is moved when the operator's view cannot be read (retention's lineage still protects every step).
+    Nothing is moved when the operator's view cannot be read, or when there is none (a bare driver, no supervisor's
+    status): retention's lineage still protects every step.
     """
     if opts.resume == "latest" or not opts.resume.isdigit():
         return []
     view = reporter.operator_view()
     if view is None:
         log.warning("steps above the resume point were not set aside: the operator's view could not be read")
+        return []
+    if not view.supervised:  # a bare driver: no status says which steps are recorded
         return []
     recorded = view.recorded | set(opts.fallback)
     return retention.set_aside(opts.root, opts.run, above=int(opts.resume), recorded=recorded)

@@ -236,7 +236,9 @@ def test_an_attempt_has_ended_once_the_operator_ended_it_or_moved_past_it(
 
 def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_there_is_none(tmp_path: Path) -> None:
     rep = reporting.FileReporter(tmp_path, "run", 2)
-    assert rep.operator_view() == reporting.OperatorView(attempt=None, attempt_ended=False, pinned=None)
+    assert rep.operator_view() == reporting.OperatorView(
+        attempt=None, attempt_ended=False, pinned=None, supervised=False
+    )
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "status.json").write_text(
         json.dumps({"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 8}}})
