@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -73,7 +74,10 @@ def start(loop: Loop, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
 def assert_finished_like_undisturbed(loop: Loop, namespace: str, name: str, undisturbed: str) -> dict[str, Any]:
     status = loop.wait_phase(namespace, name, "Succeeded", timeout=900)
     claim = loop.bed.runner.claim_directory(namespace, f"{name}-checkpoints")
-    last = verification.open_verified(claim / name / layout.step_dirname(STEPS))
+    recorded = PurePosixPath(status["checkpoints"]["latest"]["path"])
+    assert recorded.parent == PurePosixPath("/checkpoints") / namespace / name, recorded  # <path>/<namespace>/<run>
+    assert recorded.name == layout.step_dirname(STEPS), recorded
+    last = verification.open_verified(claim / recorded.relative_to("/checkpoints"))
     assert last.manifest.weights_sha256 == undisturbed
     index_file = torch.load(last.replay_metadata, weights_only=True)
     book = ledger.Ledger()
