@@ -138,6 +138,9 @@ class CreateAttempt:
     """Older recorded steps (newest first) the driver resumes from if `resume` fails verification."""
     queue: queueing.Queue | None = None
     """The queue the RayJob waits in: created suspended, with Kueue's labels (None: it starts at once)."""
+    manifest_blake3: tuple[tuple[int, str], ...] = ()
+    """(step, BLAKE3 of its manifest.json) of `resume` and `fallback` as recorded: the driver refuses a manifest
+    that hashes otherwise (a step recorded by a driver that did not report it has none)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,6 +385,14 @@ class _Pass:
             return ()
         return tuple(sorted({s for s in self._restorable_steps() if s < resume}, reverse=True))
 
+    def manifest_hashes(self, resume: int | None, fallback: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
+        """The recorded BLAKE3 of each of `resume` and `fallback`'s manifests, by step (the newest record of a step)."""
+        book = self.status.checkpoints or model.CheckpointsStatus()
+        recorded = [*(book.history or []), *([book.latest] if book.latest else [])]
+        wanted = {*fallback, *([resume] if resume is not None else [])}
+        found = {c.step: c.manifest_blake3 for c in recorded if c.step in wanted and c.manifest_blake3 is not None}
+        return tuple(sorted(found.items()))
+
     def _restorable_steps(self) -> list[int]:
         """The recorded checkpoints' steps (history, then latest: oldest recorded first) not known bad."""
         book = self.status.checkpoints or model.CheckpointsStatus()
@@ -410,7 +421,9 @@ class _Pass:
         if first_identity:
             self.actions.append(EnsureIdentity(identity))  # once per run; after a crash, _recreate_missing redoes it
         queue = self.inputs.queue
-        self.actions.append(CreateAttempt(number, name, resume, self.fallback_steps(resume), queue))
+        fallback = self.fallback_steps(resume)
+        hashes = self.manifest_hashes(resume, fallback)
+        self.actions.append(CreateAttempt(number, name, resume, fallback, queue, manifest_blake3=hashes))
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
         self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
         if queue is not None:
@@ -580,14 +593,16 @@ class _Pass:
             return
         identity = naming.identity_name(self.inputs.run)
         queue = self.inputs.queue
+        fallback = self.fallback_steps(attempt.resumed_from)
         self.actions += [
             EnsureIdentity(identity),
             CreateAttempt(
                 attempt.number,
                 attempt.ray_job_name,
                 attempt.resumed_from,
-                self.fallback_steps(attempt.resumed_from),
+                fallback,
                 queue,
+                manifest_blake3=self.manifest_hashes(attempt.resumed_from, fallback),
             ),
         ]
         if queue is not None and self.phase is Phase.STARTING:

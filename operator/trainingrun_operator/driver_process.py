@@ -54,6 +54,8 @@ class DriverArgs:
     resume: str = "latest"
     fallback: str | None = None
     """Older steps, comma-separated, if `resume` fails verification."""
+    manifest_blake3: str | None = None
+    """STEP=HEX pairs, comma-separated: the recorded BLAKE3 of the resume and fallback steps' manifests."""
     reporter: str = "file"
     namespace: str = "local"
     run_uid: str | None = None
@@ -73,7 +75,8 @@ class DriverArgs:
             "--config-json", json.dumps(dict(self.config), sort_keys=True, separators=(",", ":")),
             "--reporter", self.reporter,
         ]  # fmt: skip
-        for flag, value in (("--fallback", self.fallback or None), ("--run-uid", self.run_uid),
+        for flag, value in (("--fallback", self.fallback or None), ("--manifest-blake3", self.manifest_blake3 or None),
+                            ("--run-uid", self.run_uid),
                             ("--event-log", self.event_log),
                             ("--progress-period", self.progress_period), ("--num-cpus", self.num_cpus)):  # fmt: skip
             if value is not None:

@@ -56,6 +56,7 @@ from trainingrun_operator import (
     model,
     patching,
     processes,
+    rayjob,
     reaper,
     runfile,
     validation,
@@ -287,6 +288,9 @@ class LocalRun:
             config=validation.runtime_config(self.run.spec, local=True).model_dump(mode="json", by_alias=True),
             resume="latest" if action.resume is None else str(action.resume),
             fallback=",".join(str(s) for s in action.fallback) if action.resume is not None else None,
+            manifest_blake3=rayjob.manifest_hashes_arg(dict(action.manifest_blake3))
+            if action.resume is not None
+            else None,
             # No metadata.uid without an API server: the run's first start time names this run (a fresh
             # status.json is a new run, which takes the directory over from any driver of the old one).
             run_uid=f"local-{self.name}-{self.status.get('startTime')}",

@@ -342,6 +342,9 @@ class CheckpointRecord(_Wire):
     attempt: int
     replay_digest: str | None = None
     weights_sha256: str | None = None
+    manifest_blake3: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """BLAKE3 of the step's manifest.json: given back to the driver that resumes from the step, which refuses a
+    manifest that hashes otherwise (None: a driver from before it was reported)."""
     time: str
     reason: str | None = None
     """Periodic, Final or PreemptionNotice (None: a driver from before reasons were reported)."""

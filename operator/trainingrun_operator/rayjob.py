@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainingrun_operator import model, naming, podtemplate, queueing, validation
@@ -79,6 +79,7 @@ def entrypoint(
     spec: model.TrainingRunSpec,
     uid: str | None = None,
     fallback: Sequence[int] = (),
+    manifest_blake3: Mapping[int, str] | None = None,
 ) -> str:
     """The driver command line, every argument shell-quoted (the config JSON comes from the user).
 
@@ -111,7 +112,14 @@ def entrypoint(
         argv += ["--run-uid", uid]
     if resume is not None and fallback:
         argv += ["--fallback", ",".join(str(s) for s in fallback)]
+    if resume is not None and manifest_blake3:
+        argv += ["--manifest-blake3", manifest_hashes_arg(manifest_blake3)]
     return shlex.join(argv)
+
+
+def manifest_hashes_arg(manifest_blake3: Mapping[int, str]) -> str:
+    """The driver's `--manifest-blake3` value: STEP=HEX pairs, by step."""
+    return ",".join(f"{step}={digest}" for step, digest in sorted(manifest_blake3.items()))
 
 
 def owner_reference(run: str, uid: str) -> dict[str, Any]:
@@ -201,6 +209,8 @@ def build_rayjob(
     spec: model.TrainingRunSpec,
     fallback: Sequence[int] = (),
     queue: queueing.Queue | None = None,
+    *,
+    manifest_blake3: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """The RayJob for attempt `attempt` of TrainingRun `run` (uid `uid`), resuming from `resume` (or, if that
     fails verification, the newest of `fallback` that verifies); with a `queue`, created suspended in it (the
@@ -231,7 +241,7 @@ def build_rayjob(
     if workers:
         cluster["workerGroupSpecs"] = workers
     job_spec: dict[str, Any] = {
-        "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback),
+        "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback, manifest_blake3),
         "submissionMode": "HTTPMode",
         "backoffLimit": 0,
         "shutdownAfterJobFinishes": True,  # also one of Kueue's rules for a RayJob it manages

@@ -204,7 +204,15 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
     elif isinstance(action, decision.CreateAttempt):
         assert run.spec is not None, "the decision starts no attempt of a run whose spec does not parse"
         body = rayjob.build_rayjob(
-            meta.name, namespace, uid, action.number, action.resume, run.spec, action.fallback, action.queue
+            meta.name,
+            namespace,
+            uid,
+            action.number,
+            action.resume,
+            run.spec,
+            action.fallback,
+            action.queue,
+            manifest_blake3=dict(action.manifest_blake3),
         )
         try:
             adopted = await _ensure(api.create_rayjob, api.get_rayjob, body, uid)

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 import torch
 
@@ -107,6 +108,36 @@ def test_a_pinned_step_that_fails_verification_is_passed_over_for_an_older_recor
     assert [b["step"] for b in status["badCheckpoints"]] == [4] and flipped.name in status["badCheckpoints"][0][
         "problem"
     ]
+
+
+def test_a_re_signed_step_whose_manifest_does_not_hash_as_recorded_is_passed_over_and_marked_bad(
+    killed_after_step_4: Path, tmp_path: Path
+) -> None:
+    """Issue 24, item 9: whoever can write the volume can change a file and its checksum in the manifest, so the
+    files verify; the manifest's BLAKE3 as the driver reported it (status.runtime.lastCheckpoint) cannot be."""
+    reported = json.loads((killed_after_step_4 / RUN / "attempts" / "1" / "runtime.json").read_text())
+    recorded = reported["lastCheckpoint"]
+    assert recorded["step"] == 4
+    assert (
+        recorded["manifestBlake3"]
+        == blake3.blake3((killed_after_step_4 / RUN / "step_4" / "manifest.json").read_bytes()).hexdigest()
+    )
+    step_2 = blake3.blake3((killed_after_step_4 / RUN / "step_2" / "manifest.json").read_bytes()).hexdigest()
+    copy_with_a_flipped_byte(killed_after_step_4, tmp_path, 4)
+    bundles.resign(tmp_path / RUN / "step_4")
+    verification.verify(tmp_path / RUN / "step_4")  # every checksum of the re-signed step holds
+    proc = launcher.start(
+        run=RUN, attempt=2, root=tmp_path, config=CONFIG, resume="4", fallback="2",
+        manifest_blake3=f"2={step_2},4={recorded['manifestBlake3']}", event_log=tmp_path / "a2.jsonl",
+    )  # fmt: skip
+    assert proc.wait(600) == 0, proc.output()[-3000:]
+    log = events.read(tmp_path / "a2.jsonl")
+    rejected = [e for e in log if e["event"] == "checkpoint_rejected"]
+    assert [e["step"] for e in rejected] == [4], rejected
+    assert "manifest.json: BLAKE3" in rejected[0]["problem"] and recorded["manifestBlake3"] in rejected[0]["problem"]
+    assert next(e for e in log if e["event"] == "checkpoint_selected")["step"] == 2  # its recorded hash held
+    status = json.loads((tmp_path / RUN / "attempts" / "2" / "runtime.json").read_text())
+    assert status["finished"] is True and [b["step"] for b in status["badCheckpoints"]] == [4]
 
 
 def test_a_step_newer_than_the_pinned_one_is_never_used_and_with_none_valid_the_restore_fails_naming_each(

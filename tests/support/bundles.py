@@ -9,6 +9,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
+
 from trainingrun_runtime.digest import sha256_hex
 from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
@@ -73,6 +75,22 @@ def as_format_1(step_dir: Path) -> Path:
     raw["files"] = {
         rel: {"size": entry["size"], "sha256": hashlib.sha256((step_dir / rel).read_bytes()).hexdigest()}
         for rel, entry in raw["files"].items()
+    }
+    (step_dir / MANIFEST).write_text(json.dumps(raw, sort_keys=True, indent=2) + "\n")
+    return step_dir
+
+
+def resign(step_dir: Path) -> Path:
+    """What anyone who can write the volume can do to a tampered step: rewrite its manifest's BLAKE3 of every file
+    (hashed here with the blake3 package, not through the code under test) to match the files as they now are;
+    returns `step_dir`."""
+    raw = json.loads((step_dir / MANIFEST).read_text())
+    raw["files"] = {
+        rel: {
+            "size": (step_dir / rel).stat().st_size,
+            "blake3": blake3.blake3((step_dir / rel).read_bytes()).hexdigest(),
+        }
+        for rel in raw["files"]
     }
     (step_dir / MANIFEST).write_text(json.dumps(raw, sort_keys=True, indent=2) + "\n")
     return step_dir

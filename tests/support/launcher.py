@@ -56,6 +56,7 @@ def start(
     config: Mapping[str, Any],
     resume: str = "latest",
     fallback: str | None = None,
+    manifest_blake3: str | None = None,
     reporter: str = "file",
     event_log: str | os.PathLike[str] | None = None,
     crash_at: str | None = None,
@@ -66,7 +67,8 @@ def start(
 ) -> Driver:
     """Launch `python -m trainingrun_runtime` for one attempt on a local Ray of its own."""
     args = driver_process.DriverArgs(
-        run=run, attempt=attempt, root=str(root), config=config, resume=resume, fallback=fallback, reporter=reporter,
+        run=run, attempt=attempt, root=str(root), config=config, resume=resume, fallback=fallback,
+        manifest_blake3=manifest_blake3, reporter=reporter,
         run_uid=run_uid, event_log=None if event_log is None else str(event_log), progress_period=progress_period,
         num_cpus=num_cpus,
     )  # fmt: skip

@@ -207,6 +207,11 @@ class PendingCheckpoint:
         """Discard the save: no `step_N` is produced."""
         self._pending.abort()
 
+    @property
+    def manifest_blake3(self) -> str | None:
+        """BLAKE3 of the committed manifest.json (None before `commit`)."""
+        return self._pending.manifest_blake3
+
 
 class DataPlaneCheckpointer:
     """Writes checkpoints of one run: the data plane, the replay index, and whatever the trainer adds."""
@@ -284,8 +289,11 @@ def read_index_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _validate(candidate: Path, run: str, config: ReplayConfig, storage_units: int | None) -> Selection:
-    return _check_verified(verification.open_verified(candidate, run=run), run, config, storage_units)
+def _validate(
+    candidate: Path, run: str, config: ReplayConfig, storage_units: int | None, manifest_blake3: str | None = None
+) -> Selection:
+    opened = verification.open_verified(candidate, run=run, manifest_blake3=manifest_blake3)
+    return _check_verified(opened, run, config, storage_units)
 
 
 def _check_verified(
@@ -326,8 +334,11 @@ def select(
     config: ReplayConfig,
     storage_units: int | None = None,
     step: int | None = None,
+    manifest_blake3: str | None = None,
 ) -> Selection | None:
     """The newest checkpoint that passes every restore check (or exactly `step`), without loading anything.
+
+    With `step`, `manifest_blake3` (the run's status's record of it) is what the step's manifest must hash to.
 
     None when the run has no checkpoint directory at all (leftover `tmp_step_N` only counts as
     nothing). CheckpointCorrupt when checkpoints exist but none is valid, or the pinned one is not.
@@ -339,7 +350,7 @@ def select(
         pinned = run_path / layout.step_dirname(step)
         if not pinned.is_dir():
             raise CheckpointCorrupt(f"{pinned}: the pinned checkpoint does not exist")
-        return _validate(pinned, run, config, storage_units)
+        return _validate(pinned, run, config, storage_units, manifest_blake3)
     found = verification.discover(
         root, run, check=lambda opened: _check_verified(opened, run, config, storage_units), skip_on=(DigestError,)
     )

@@ -183,9 +183,10 @@ class Checkpoints:
             pending.abort()
             raise
         self._written.add(step)
+        assert pending.manifest_blake3 is not None  # set by a commit that returned
         self.last = reporting.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, time=timestamps.now(), reason=reason,
+            weightsSha256=sha, manifestBlake3=pending.manifest_blake3, time=timestamps.now(), reason=reason,
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
         a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),

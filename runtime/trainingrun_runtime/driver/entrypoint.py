@@ -13,7 +13,8 @@
     final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
 
     python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step> [--fallback S,S]
-        --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file [--event-log FILE]
+        [--manifest-blake3 S=HEX,S=HEX] --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file
+        [--event-log FILE]
         [--run-uid UID] [--legacy-root DIR] [--progress-period SECONDS]
 
 Checkpoints live in DIR/<run>/step_N/ (the operator's DIR ends in the run's namespace; --legacy-root names the root
@@ -53,6 +54,7 @@ from trainingrun_runtime.errors import (
     RestoreInterrupted,
     Superseded,
 )
+from trainingrun_runtime.storage import checksum
 
 __all__ = [
     "CONFIG_MISMATCH_PREFIX",
@@ -98,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="older recorded steps, comma-separated: resumed from (newest first) if the pinned one fails verification",
     )
+    p.add_argument(
+        "--manifest-blake3",
+        default="",
+        metavar="STEP=HEX,...",
+        help="the BLAKE3 of the pinned and fallback steps' manifest.json as the run's status recorded them: a step "
+        "whose manifest hashes otherwise fails verification",
+    )
     p.add_argument("--root", required=True, help="checkpoint root directory")
     p.add_argument("--config-json", required=True, help="RuntimeConfig as JSON ({trainer, checkpoint})")
     p.add_argument("--reporter", choices=["kubernetes", "file"], default="file")
@@ -127,6 +136,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _manifest_hashes(given: str, resume: str, fallback: tuple[int, ...]) -> dict[int, str]:
+    """`--manifest-blake3` as {step: hex}: only for the pinned step and the fallback ones, each once."""
+    if not given:
+        return {}
+    steps = set(fallback) | ({int(resume)} if resume.isdigit() else set())
+    found: dict[int, str] = {}
+    for item in given.split(","):
+        step, sep, digest = item.partition("=")
+        if not sep or not step.isdigit() or not checksum.is_hex_digest(digest):
+            raise ValueError(
+                f"--manifest-blake3 must be STEP=HEX pairs (HEX: 64 lowercase hex digits) separated by commas; "
+                f"got {item!r}"
+            )
+        if int(step) not in steps or int(step) in found:
+            raise ValueError(
+                f"--manifest-blake3 names step {step}, which is not the --resume step or a --fallback one, or names "
+                "it twice"
+            )
+        found[int(step)] = digest
+    return found
+
+
 def parse(argv: list[str]) -> setup.DriverOptions:
     """Arguments to options; argparse exits 2 on usage errors, a bad config raises ValueError."""
     ns = _parser().parse_args(argv)
@@ -141,6 +172,7 @@ def parse(argv: list[str]) -> setup.DriverOptions:
             f"--fallback must be step numbers separated by commas, with --resume <step>; got {ns.fallback!r}"
         )
     fallback = tuple(int(s) for s in ns.fallback.split(",")) if ns.fallback else ()
+    manifest_blake3 = _manifest_hashes(ns.manifest_blake3, ns.resume, fallback)
     if ns.attempt < 0:
         raise ValueError("--attempt must be >= 0")
     if ns.progress_period < 0:
@@ -151,6 +183,7 @@ def parse(argv: list[str]) -> setup.DriverOptions:
         attempt=ns.attempt,
         resume=ns.resume,
         fallback=fallback,
+        manifest_blake3=manifest_blake3,
         root=ns.root,
         config=cfg,
         reporter=ns.reporter,

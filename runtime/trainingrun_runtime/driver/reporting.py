@@ -10,7 +10,8 @@ the operator can tell how many steps an interrupted attempt lost (`stepsLost`:
 `step` minus the newest recorded checkpoint). Shape (camelCase, as in the CRD):
 
     runtime: {attempt, step, reward, updated, lastCheckpoint: {step, path, attempt, replayDigest,
-              weightsSha256, time, reason} | null, restoreError, finished, badCheckpoints: [{step, problem}]}
+              weightsSha256, manifestBlake3, time, reason} | null, restoreError, finished,
+              badCheckpoints: [{step, problem}]}
 
 `ProgressReports` sends them: a checkpoint report right away (after any report in
 flight), a progress report after a step at most once per period (default 1 s) and at
@@ -71,6 +72,9 @@ class CheckpointReport(TypedDict):
     attempt: int
     replayDigest: str
     weightsSha256: str | None
+    manifestBlake3: str
+    """BLAKE3 of the step's manifest.json: the operator records it and hands it back to the driver that resumes
+    from the step, which refuses a manifest that does not hash to it."""
     time: str
     reason: NotRequired[str]
     """Why it was written: Periodic, Final or PreemptionNotice (`checkpoints.REASONS`)."""

@@ -131,6 +131,7 @@ def choose(
     cfg: config.RuntimeConfig,
     replay: ReplayConfig,
     fallback: Sequence[int] = (),
+    manifest_blake3: Mapping[int, str] | None = None,
 ) -> checkpointer.Selection | None:
     """The checkpoint to resume from, every check passed, nothing loaded: newest valid, pinned, or None (fresh).
 
@@ -138,7 +139,9 @@ def choose(
     `fallback` lists older steps the operator recorded: when the pinned one fails verification (a checksum, a
     missing file, the replay digest), the newest of them that verifies is chosen instead, and the ones passed over
     are in `Selection.skipped`. A step newer than the pinned one is never used. A config mismatch is not passed
-    over (older steps would share it). Raises a `Refusal` (see the module docstring).
+    over (older steps would share it). `manifest_blake3` maps the pinned and fallback steps to the BLAKE3 of their
+    manifest as the operator recorded it: a step whose manifest.json hashes otherwise fails verification (it was
+    rewritten on the volume). Raises a `Refusal` (see the module docstring).
     """
     try:
         step = None if resume == "latest" else int(resume)
@@ -148,9 +151,8 @@ def choose(
         if step is None:
             chosen = _select(root, run, replay, cfg)
         else:
-            chosen = _pinned_or_older(
-                root, run, replay, cfg, [step, *sorted({f for f in fallback if f < step}, reverse=True)]
-            )
+            steps = [step, *sorted({f for f in fallback if f < step}, reverse=True)]
+            chosen = _pinned_or_older(root, run, replay, cfg, steps, manifest_blake3 or {})
         if chosen is not None:
             check_config(chosen.manifest, cfg)
     except (TrainingRunError, ValueError, OSError) as e:
@@ -162,12 +164,19 @@ def choose(
 
 
 def _select(
-    root: str, run: str, replay: ReplayConfig, cfg: config.RuntimeConfig, step: int | None = None
+    root: str,
+    run: str,
+    replay: ReplayConfig,
+    cfg: config.RuntimeConfig,
+    step: int | None = None,
+    manifest_blake3: str | None = None,
 ) -> checkpointer.Selection | None:
     """`checkpointer.select`, except that an index which does not fit this buffer because the math changed (the
     group size, the prompts per step) is the `ConfigMismatch` that names the change, not the step's fault."""
     try:
-        return checkpointer.select(root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step)
+        return checkpointer.select(
+            root, run, config=replay, storage_units=trainers.STORAGE_UNITS, step=step, manifest_blake3=manifest_blake3
+        )
     except PreflightError:
         saved = _unverified_manifest(layout.run_dir(root, run), step)
         if saved is not None:
@@ -192,13 +201,18 @@ def _unverified_manifest(run_path: Path, step: int | None) -> manifest.Manifest 
 
 
 def _pinned_or_older(
-    root: str, run: str, replay: ReplayConfig, cfg: config.RuntimeConfig, steps: list[int]
+    root: str,
+    run: str,
+    replay: ReplayConfig,
+    cfg: config.RuntimeConfig,
+    steps: list[int],
+    manifest_blake3: Mapping[int, str],
 ) -> checkpointer.Selection | None:
     """The first of `steps` (the pinned one, then older recorded ones) that passes every check."""
     rejected: list[tuple[Path, str]] = []
     for step in steps:
         try:
-            chosen = _select(root, run, replay, cfg, step=step)
+            chosen = _select(root, run, replay, cfg, step=step, manifest_blake3=manifest_blake3.get(step))
         except (CheckpointCorrupt, DigestError) as e:
             rejected.append((layout.run_dir(root, run) / layout.step_dirname(step), str(e)))
             continue
@@ -310,6 +324,7 @@ def restore(
         attempt=m.attempt,
         replayDigest=m.replay_digest,
         weightsSha256=m.weights_sha256,
+        manifestBlake3=chosen.verified.manifest_blake3,
         time=m.created,
     )
     if "reason" in m.extra:  # bundles from before reasons were recorded have none

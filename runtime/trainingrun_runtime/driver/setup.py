@@ -34,6 +34,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,8 @@ class DriverOptions:
     event_log: str | None = None
     fallback: tuple[int, ...] = ()
     """Older recorded steps to resume from if the pinned one fails verification (`restore.choose`)."""
+    manifest_blake3: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    """The BLAKE3 of the pinned and fallback steps' manifests, as the status recorded them (`restore.choose`)."""
     num_cpus: int = 8
     progress_period_s: float = reporting.PROGRESS_PERIOD_S
     run_uid: str | None = None
@@ -139,7 +142,13 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         ev.emit("checkpoints_set_aside", steps=orphaned)
     began = time.monotonic()
     chosen = restore.choose(
-        opts.root, opts.run, opts.resume, opts.config, controller.replay_config(tcfg), fallback=opts.fallback
+        opts.root,
+        opts.run,
+        opts.resume,
+        opts.config,
+        controller.replay_config(tcfg),
+        fallback=opts.fallback,
+        manifest_blake3=opts.manifest_blake3,
     )
     for bad in restore.rejected_steps(chosen.skipped if chosen is not None else []):
         ev.emit("checkpoint_rejected", step=bad["step"], problem=bad["problem"])

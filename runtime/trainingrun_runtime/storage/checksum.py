@@ -22,7 +22,7 @@ from typing import Final, Protocol
 
 import blake3
 
-__all__ = ["ALGORITHMS", "CURRENT", "Hasher", "blake3_of_mapped_file", "is_hex_digest", "new"]
+__all__ = ["ALGORITHMS", "CURRENT", "Hasher", "blake3_of_bytes", "blake3_of_mapped_file", "is_hex_digest", "new"]
 
 CURRENT: Final = "blake3"
 """The algorithm this version writes."""
@@ -48,6 +48,11 @@ def new(algorithm: str) -> Hasher:
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown checksum algorithm {algorithm!r} (known: {sorted(set(ALGORITHMS.values()))})")
+
+
+def blake3_of_bytes(data: bytes) -> str:
+    """BLAKE3 (hex) of `data`: the manifest's own hash (`manifestBlake3` in the run's status)."""
+    return blake3.blake3(data).hexdigest()
 
 
 def blake3_of_mapped_file(path: str | os.PathLike[str], *, threads: int) -> str:

@@ -43,7 +43,7 @@ from typing import Any, Final
 from trainingrun_runtime import timestamps
 from trainingrun_runtime.digest import canonical_json
 from trainingrun_runtime.errors import CheckpointCorrupt, Superseded
-from trainingrun_runtime.storage import files, layout
+from trainingrun_runtime.storage import checksum, files, layout
 from trainingrun_runtime.storage.manifest import FORMAT_VERSION, FileEntry, Manifest, check_entry
 
 __all__ = ["COMMIT_STAGES", "RUN_UID", "BundleWriter", "PendingBundle", "recover", "sync_and_hash"]
@@ -178,6 +178,8 @@ class PendingBundle:
         self.final_path = final_path
         self._state = "open"
         self._hashed: dict[str, FileEntry] = {}
+        self.manifest_blake3: str | None = None
+        """BLAKE3 of the manifest.json written (set by `commit`): what the run's status records as manifestBlake3."""
 
     def add_hashed(self, entries: Mapping[str, FileEntry]) -> None:
         """Take the size and BLAKE3 of files whose writer hashed them (relpaths under `.path`).
@@ -274,6 +276,7 @@ class PendingBundle:
             raise ValueError(f"refusing to write an invalid manifest: {e}") from None
         files.write_synced(self.path / layout.MANIFEST, raw)
         files.fsync_dir(self.path)
+        self.manifest_blake3 = checksum.blake3_of_bytes(raw)
 
     def _swap_in(self, attempt: int) -> Path | None:
         """Rename tmp_step_N to step_N, moving an existing step_N aside first; returns where it went (or None).

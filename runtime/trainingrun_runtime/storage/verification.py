@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainingrun_runtime.errors import CheckpointCorrupt
-from trainingrun_runtime.storage import files, layout
+from trainingrun_runtime.storage import checksum, files, layout
 from trainingrun_runtime.storage.manifest import Manifest
 
 __all__ = ["Discovery", "VerifiedBundle", "discover", "looks_valid", "open_verified", "verify"]
@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 _HASH_WORKERS: Final = max(1, min(8, os.cpu_count() or 1))
 
 
-def verify(step_dir: str | os.PathLike[str], *, run: str | None = None) -> Manifest:
+def verify(step_dir: str | os.PathLike[str], *, run: str | None = None, manifest_blake3: str | None = None) -> Manifest:
     """Verify a checkpoint and return its manifest; raise CheckpointCorrupt naming the file and the problem.
+
+    With `manifest_blake3` (what the run's status recorded for this step), manifest.json's bytes must hash to it
+    first: whoever can write the volume can rewrite a file and its checksum in the manifest, but not the status.
 
     Checks: manifest.json present, valid JSON, every required key with the right type,
     supported format_version; its step equals N of `step_N` (or `old_step_N`) and its run
@@ -37,8 +40,12 @@ def verify(step_dir: str | os.PathLike[str], *, run: str | None = None) -> Manif
     regular file, of the listed size ("truncated" when shorter) and checksum (BLAKE3, or
     SHA-256 in a format 1 bundle); no file in the bundle that the manifest does not list.
     """
-    path = Path(step_dir)
-    manifest = _read_manifest(path, run)
+    return _verify(Path(step_dir), run, manifest_blake3)[0]
+
+
+def _verify(path: Path, run: str | None, manifest_blake3: str | None) -> tuple[Manifest, str]:
+    """`verify`, and the BLAKE3 of the manifest bytes that were checked and parsed (read once)."""
+    manifest, digest = _read_manifest(path, run, manifest_blake3)
     files.check_listed(path, {rel: e.size for rel, e in manifest.files.items()}, listing="the manifest",
                        unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
     # Each file is read once and hashed as it is read, one thread per file on every core, largest first so the
@@ -57,13 +64,13 @@ def verify(step_dir: str | os.PathLike[str], *, run: str | None = None) -> Manif
                 raise CheckpointCorrupt(
                     f"{path / rel}: checksum mismatch ({want.algorithm} {got.digest}, manifest says {want.digest})"
                 )
-    return manifest
+    return manifest, digest
 
 
 def looks_valid(step_dir: Path, run: str) -> bool:
     """The cheap check (no checksums): the manifest is valid and the files are exactly the listed ones and sizes."""
     try:
-        manifest = _read_manifest(step_dir, run)
+        manifest, _ = _read_manifest(step_dir, run, None)
         files.check_listed(step_dir, {rel: e.size for rel, e in manifest.files.items()}, listing="the manifest",
                            unlisted=frozenset({layout.MANIFEST}))  # fmt: skip
     except (OSError, CheckpointCorrupt):
@@ -71,8 +78,9 @@ def looks_valid(step_dir: Path, run: str) -> bool:
     return True
 
 
-def _read_manifest(path: Path, run: str | None) -> Manifest:
-    """The manifest of `path`, checked against the directory's name (step) and `run` (default: the parent's name)."""
+def _read_manifest(path: Path, run: str | None, manifest_blake3: str | None) -> tuple[Manifest, str]:
+    """The manifest of `path`, checked against the directory's name (step), `run` (default: the parent's name) and
+    `manifest_blake3`, with the BLAKE3 of its bytes: the bytes hashed are the bytes parsed (one read)."""
     where = str(path / layout.MANIFEST)
     if not path.is_dir():
         raise CheckpointCorrupt(f"{path}: not a directory")
@@ -82,6 +90,12 @@ def _read_manifest(path: Path, run: str | None) -> Manifest:
         raise CheckpointCorrupt(f"{where}: missing (the save never completed)") from None
     except OSError as e:
         raise CheckpointCorrupt(f"{where}: unreadable ({e})") from None
+    digest = checksum.blake3_of_bytes(raw)
+    if manifest_blake3 is not None and digest != manifest_blake3:
+        raise CheckpointCorrupt(
+            f"{where}: BLAKE3 {digest}, but the run's status recorded {manifest_blake3} for this step: the manifest "
+            "was rewritten or replaced after the step was recorded, so none of its checksums can be trusted"
+        )
     manifest = Manifest.from_json(raw, where=where)
     step = layout.step_of(path.name)
     if step is None:
@@ -93,7 +107,7 @@ def _read_manifest(path: Path, run: str | None) -> Manifest:
     expected_run = run if run is not None else path.resolve().parent.name
     if manifest.run != expected_run:
         raise CheckpointCorrupt(f"{where}: run is {manifest.run!r}, expected {expected_run!r}")
-    return manifest
+    return manifest, digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +116,8 @@ class VerifiedBundle:
 
     path: Path
     manifest: Manifest
+    manifest_blake3: str = ""
+    """BLAKE3 of the manifest bytes that were verified (what the status records as `manifestBlake3`)."""
 
     def file(self, relpath: str) -> Path:
         """The path of a listed file; CheckpointCorrupt if the manifest does not list it."""
@@ -122,10 +138,13 @@ class VerifiedBundle:
         return self.file(layout.REPLAY_METADATA)
 
 
-def open_verified(step_dir: str | os.PathLike[str], *, run: str | None = None) -> VerifiedBundle:
+def open_verified(
+    step_dir: str | os.PathLike[str], *, run: str | None = None, manifest_blake3: str | None = None
+) -> VerifiedBundle:
     """Verify every checksum of `step_dir` (see `verify`) and return it for reading."""
     path = Path(step_dir)
-    return VerifiedBundle(path=path, manifest=verify(path, run=run))
+    manifest, digest = _verify(path, run, manifest_blake3)
+    return VerifiedBundle(path=path, manifest=manifest, manifest_blake3=digest)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -175,6 +175,7 @@ def test_status_declares_every_field_of_the_runtime_contract() -> None:
         "attempt",
         "replayDigest",
         "weightsSha256",
+        "manifestBlake3",
         "time",
         "reason",
     }

@@ -70,14 +70,17 @@ class Store:
         self.status = patching.apply(self.status, result.patch)
         return result
 
-    def checkpoint(self, attempt: int, step: int) -> None:
+    def checkpoint(self, attempt: int, step: int, manifest_blake3: str | None = None) -> None:
         """The driver's report of a renamed checkpoint, folded by a pass of the running attempt."""
+        last = {"step": step, "path": f"/checkpoints/tiny/step_{step}", "attempt": attempt, "time": "t"}
+        if manifest_blake3 is not None:
+            last["manifestBlake3"] = manifest_blake3
         self.status["runtime"] = {
             "attempt": attempt,
             "step": step,
             "updated": "2025-01-01T00:00:00Z",
             "finished": False,
-            "lastCheckpoint": {"step": step, "path": f"/checkpoints/tiny/step_{step}", "attempt": attempt, "time": "t"},
+            "lastCheckpoint": last,
         }
         self.decide(running(attempt))
 
@@ -273,3 +276,32 @@ def test_a_failed_restore_of_the_drivers_own_choice_is_permanent_only_when_it_fa
     store.decide(reported(store, 1, line))
     assert (store.phase, store.status["reason"]) == (phase, reason)
     assert store.bad is None
+
+
+def test_the_next_attempt_is_given_the_recorded_manifest_blake3_of_its_pinned_and_fallback_steps() -> None:
+    """Issue 24, item 9: the driver refuses a manifest that does not hash as the status recorded it."""
+    store = Store()
+    store.decide()
+    store.decide(running(1))
+    store.checkpoint(1, 10)  # reported by a driver from before manifestBlake3: no hash to hand on
+    store.checkpoint(1, 20, "a" * 64)
+    store.checkpoint(1, 30, "b" * 64)
+    assert store.status["checkpoints"]["latest"]["manifestBlake3"] == "b" * 64
+    store.decide(preempted(1))
+    created = [a for a in store.decide(AttemptObservation(number=1)).actions if isinstance(a, CreateAttempt)]
+    assert created == [CreateAttempt(2, "tiny-a2", 30, (20, 10), manifest_blake3=((20, "a" * 64), (30, "b" * 64)))]
+
+
+def test_a_step_recorded_again_by_a_later_attempt_is_given_the_hash_of_its_newest_record() -> None:
+    store = Store(resume={"policy": "step", "step": 10})
+    store.decide()
+    store.decide(running(1))
+    store.checkpoint(1, 10, "a" * 64)
+    store.checkpoint(1, 20, "b" * 64)
+    store.decide(preempted(1))
+    store.decide(AttemptObservation(number=1))
+    store.decide(running(2))
+    store.checkpoint(2, 20, "c" * 64)  # attempt 2 resumed from the pinned step 10 and saved step 20 anew
+    store.decide(preempted(2))
+    created = [a for a in store.decide(AttemptObservation(number=2)).actions if isinstance(a, CreateAttempt)]
+    assert [a.manifest_blake3 for a in created] == [((10, "a" * 64), (20, "c" * 64))]

@@ -134,6 +134,15 @@ def test_the_driver_is_told_the_older_recorded_steps_to_fall_back_to_only_with_a
     assert "--fallback" not in rayjob.entrypoint("tiny", "ns", 3, None, spec_of("tiny.yaml"), fallback=(20,))
 
 
+def test_the_driver_is_told_the_recorded_manifest_blake3_of_its_steps_only_with_a_pinned_step() -> None:
+    hashes = {20: "a" * 64, 10: "b" * 64}
+    body = rayjob.build_rayjob("tiny", "ns", "u", 3, 20, spec_of("tiny.yaml"), (10,), manifest_blake3=hashes)
+    argv = shlex.split(body["spec"]["entrypoint"])
+    assert argv[argv.index("--manifest-blake3") + 1] == f"10={'b' * 64},20={'a' * 64}"
+    assert "--manifest-blake3" not in rayjob.entrypoint("tiny", "ns", 3, None, spec_of("tiny.yaml"), None, (), hashes)
+    assert "--manifest-blake3" not in rayjob.entrypoint("tiny", "ns", 3, 20, spec_of("tiny.yaml"))
+
+
 def test_the_driver_claims_the_run_directory_with_the_runs_uid_and_attempt() -> None:
     body = rayjob.build_rayjob("tiny", "ns", "7f3c-uid", 4, 30, spec_of("tiny.yaml"))
     argv = shlex.split(body["spec"]["entrypoint"])

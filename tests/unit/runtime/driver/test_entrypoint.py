@@ -123,6 +123,25 @@ def test_fallback_steps_are_parsed_and_need_a_pinned_step(tmp_path: Path, capsys
     )
 
 
+def test_the_recorded_manifest_hashes_are_parsed_for_the_pinned_and_fallback_steps_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pinned = [*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20"]
+    opts = entrypoint.parse([*pinned, "--manifest-blake3", f"30={'a' * 64},20={'b' * 64}"])
+    assert opts.manifest_blake3 == {30: "a" * 64, 20: "b" * 64}
+    assert entrypoint.parse(pinned).manifest_blake3 == {}
+    for bad, says in [
+        (f"10={'a' * 64}", "not the --resume step or a --fallback one"),
+        (f"30={'a' * 64},30={'b' * 64}", "names it twice"),
+        ("30=abc", "64 lowercase hex digits"),
+        (f"30={'A' * 64}", "64 lowercase hex digits"),
+        ("a" * 64, "STEP=HEX"),
+    ]:
+        assert entrypoint.main([*pinned, "--manifest-blake3", bad]) == entrypoint.EXIT_BAD_CONFIG, bad
+        err = capsys.readouterr().err
+        assert "--manifest-blake3" in err and says in err, (bad, err)
+
+
 def _owned_old_run_dir(root: Path, run: str, uid: str) -> Path:
     run_dir = root / run
     (run_dir / "step_10").mkdir(parents=True)

@@ -9,11 +9,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import pytest
 
-from support.bundles import RUN, as_format_1, contents, save
+from support.bundles import RUN, T0, as_format_1, contents, resign, save
 from trainingrun_runtime.errors import CheckpointCorrupt, DigestError
 from trainingrun_runtime.storage import files, verification
+from trainingrun_runtime.storage.commit import BundleWriter
 from trainingrun_runtime.storage.layout import DATA_PLANE, MANIFEST, REPLAY_METADATA
 from trainingrun_runtime.storage.manifest import FileEntry
 from trainingrun_runtime.storage.verification import discover, open_verified, verify
@@ -244,3 +246,37 @@ def test_a_checkpoint_copied_under_another_run_is_refused(tmp_path: Path) -> Non
         verify(other / "step_1")
     assert verify(other / "step_1", run=RUN).step == 1
     assert discover(tmp_path, "other-run").chosen is None
+
+
+def test_a_commit_reports_the_blake3_of_the_manifest_it_wrote_and_verification_finds_the_same(tmp_path: Path) -> None:
+    pending = BundleWriter(tmp_path, RUN, now=lambda: T0).begin(3)
+    (pending.path / "weights.pt").write_bytes(b"w" * 100)
+    assert pending.manifest_blake3 is None
+    path = pending.commit(attempt=1, config_hash="c" * 64, replay_digest="d" * 64, replay_mode="authoritative")
+    written = blake3.blake3((path / MANIFEST).read_bytes()).hexdigest()  # hashed here, not by the code under test
+    assert pending.manifest_blake3 == written
+    assert open_verified(path, manifest_blake3=written).manifest_blake3 == written
+    assert open_verified(path).manifest_blake3 == written
+
+
+def test_a_re_signed_step_verifies_alone_but_not_against_the_manifest_blake3_recorded_at_its_commit(
+    tmp_path: Path,
+) -> None:
+    path = save(tmp_path, 3)
+    recorded = blake3.blake3((path / MANIFEST).read_bytes()).hexdigest()
+    (path / "policy/weights.pt").write_bytes(b"someone else's weights" * 10)
+    resign(path)  # what anyone who can write the volume can do
+    verify(path)  # every checksum holds: the manifest alone proves nothing
+    with pytest.raises(
+        CheckpointCorrupt, match=rf"manifest.json: BLAKE3 [0-9a-f]{{64}}, but the run's status recorded {recorded}"
+    ):
+        verify(path, manifest_blake3=recorded)
+    with pytest.raises(CheckpointCorrupt, match="rewritten or replaced"):
+        open_verified(path, manifest_blake3=recorded)
+
+
+def test_the_recorded_manifest_blake3_is_checked_before_the_manifest_is_parsed(tmp_path: Path) -> None:
+    path = save(tmp_path, 3)
+    (path / MANIFEST).write_bytes(b"not json")
+    with pytest.raises(CheckpointCorrupt, match="BLAKE3"):
+        verify(path, manifest_blake3="0" * 64)
