@@ -200,7 +200,7 @@ def child_restore(root: str, out: str) -> None:
         # The driver's restore path (`driver.restore`), its data-plane half: select, then load onto a pristine TQ.
         chosen = checkpointer.select(root, RUN, config=TRAIN, storage_units=boot.storage_units)
         assert chosen is not None
-        token, _ = boot.load_checkpoint(chosen.verified.data_plane)
+        token, _ = boot.load_checkpoint(chosen.verified.data_plane, chosen.verified.entries(layout.DATA_PLANE))
         client = ConnectOnlyDataPlane.connect(token)
         buffer, _ = new_buffer(client, TRAIN)
         asyncio.run(buffer.restore(chosen.replay_state, expected_digest=chosen.manifest.replay_digest))
@@ -219,6 +219,61 @@ def child_restore(root: str, out: str) -> None:
             },
             out,
         )
+    finally:
+        boot.close()
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("victim", ["simple_storage/su_1_*.pkl", "controller_state.pkl"])
+async def test_a_data_plane_file_replaced_after_selection_is_refused_by_the_process_that_reads_it(
+    plane: Plane, tmp_path: Path, victim: str
+) -> None:
+    """Selection verified step 2; then its storage unit's file is replaced by rename with step 1's (the same rows
+    with older values), or its controller state with one whose partition is renamed (a valid pickle of the same
+    size). Every process that reads a file of the snapshot reads it through the descriptor it checks against the
+    manifest's entry, so the load is refused naming the file; unchecked, the other state would have been loaded
+    as step 2's. (The unit's file is refused in the unit's process; the controller's state already by the
+    driver's parse-only check before TransferQueue's load, which reads it the same way.)"""
+    client = plane.client
+    config = ReplayConfig(f"swap-{victim[:2]}", 4, 64)
+    buffer, barrier = new_buffer(client, config)
+    saver = DataPlaneCheckpointer(tmp_path, RUN, dataplane=client, buffer=buffer, barrier=barrier)
+    await add_groups(buffer, range(2))
+    step1, _ = await saving.save(saver, 1, attempt=1, config_hash="cfg")
+    # Step 2: the same rows with other values, so that step 1's unit files are valid and of the same size (the
+    # driver's listing check would refuse another size before any unit reads its file).
+    for g in range(2):
+        client.update_fields(config.partition, list(buffer.index.get(f"g{g}").sample_ids), {"reward": torch.ones(4)})
+    await saving.save(saver, 2, attempt=1, config_hash="cfg")
+    [older] = (step1 / layout.DATA_PLANE).glob(victim)
+    rel = str(older.relative_to(step1))
+    done = run_child("child_restore_swapped", str(tmp_path), config.partition, rel, str(tmp_path / "out"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    said = (tmp_path / "out").read_text()
+    swapped = tmp_path / RUN / "step_2" / older.relative_to(step1)
+    assert re.search(rf"{re.escape(str(swapped))}: (checksum mismatch|\d+ bytes, the manifest says)", said), said
+
+
+def child_restore_swapped(root: str, partition: str, rel: str, out: str) -> None:
+    """Runs in a new process: select the newest step, replace its file `rel` with step 1's, then load it."""
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
+    boot = BootstrapDataPlane.start(storage_units=2)
+    try:
+        chosen = checkpointer.select(root, RUN, config=ReplayConfig(partition, 4, 64), storage_units=2)
+        assert chosen is not None and chosen.manifest.step == 2
+        step = chosen.verified.path
+        if rel.endswith("controller_state.pkl"):
+            renamed = (step / rel).read_bytes().replace(partition.encode(), partition[:-1].encode() + b"X")
+            (step / (rel + ".swap")).write_bytes(renamed)
+        else:
+            shutil.copyfile(step.parent / "step_1" / rel, step / (rel + ".swap"))
+        os.replace(step / (rel + ".swap"), step / rel)
+        try:
+            boot.load_checkpoint(chosen.verified.data_plane, chosen.verified.entries(layout.DATA_PLANE))
+        except Exception as e:
+            Path(out).write_text(f"{type(e).__name__}: {e}")
+        else:
+            Path(out).write_text("loaded")
     finally:
         boot.close()
         ray.shutdown()

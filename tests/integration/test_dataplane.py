@@ -587,7 +587,7 @@ def test_transferqueues_controller_itself_loads_its_state_only_through_the_restr
     listing = json.loads(side.read_text())
     listing["files"]["controller_state.pkl"] = crafted.stat().st_size
     side.write_text(json.dumps(listing))
-    monkeypatch.setattr(unpickling, "check_controller_state", lambda path: None)  # the swap after the check
+    monkeypatch.setattr(unpickling, "check_controller_state", lambda path, want=None: None)  # the swap after the check
     boot = planes.pristine()
     with pytest.raises(Exception, match=r"references posix\.system"):
         boot.load_checkpoint(bad)

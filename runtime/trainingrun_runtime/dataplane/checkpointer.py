@@ -27,7 +27,8 @@ the writer there).
 Restore (on the driver, before any connect-only client exists; `driver.restore` is the one caller)::
 
     chosen = select(root, run, config=replay_config, storage_units=n)   # verified, nothing loaded; None: fresh
-    token, _ = bootstrap.load_checkpoint(chosen.verified.data_plane)   # TransferQueue, onto a pristine TQ
+    token, _ = bootstrap.load_checkpoint(chosen.verified.data_plane,   # TransferQueue, onto a pristine TQ, each
+                                         chosen.verified.entries("data_plane"))  # file checked as it is read
     # in the actor, later: buffer.restore(chosen.replay_state, expected_digest=chosen.manifest.replay_digest)
 
 `select` (through `storage.verification.discover` and its `check` hook, so both share one listing of candidates)
@@ -276,12 +277,15 @@ class Selection:
         return self.verified.manifest
 
 
-def read_index_file(path: Path) -> dict[str, Any]:
-    """Load `replay_buffer_metadata.pt` with `weights_only=True`; CheckpointCorrupt naming the file otherwise."""
+def read_index_file(opened: verification.VerifiedBundle) -> dict[str, Any]:
+    """Load a verified bundle's `replay_buffer_metadata.pt` with `weights_only=True`, from the descriptor its
+    checksum was checked through (`VerifiedBundle.open`); CheckpointCorrupt naming the file otherwise."""
+    path = opened.replay_metadata
     try:
-        raw = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"{path}: missing") from None
+        with opened.open(layout.REPLAY_METADATA) as f:
+            raw = torch.load(f, weights_only=True, map_location="cpu")
+    except CheckpointCorrupt:
+        raise
     except Exception as e:
         raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__}: {e})") from None
     if not isinstance(raw, dict) or raw.get("format") != INDEX_FILE_FORMAT or not {"replay", "restart"} <= set(raw):
@@ -305,7 +309,7 @@ def _check_verified(
     if manifest.replay_mode != REPLAY_MODE:
         raise CheckpointCorrupt(f"{candidate / layout.MANIFEST}: replay_mode {manifest.replay_mode!r} is unknown")
     index_path = opened.replay_metadata
-    index_file = read_index_file(index_path)
+    index_file = read_index_file(opened)
     if index_file.get("step") != manifest.step or index_file.get("run") != run:
         raise CheckpointCorrupt(f"{index_path}: belongs to {index_file.get('run')!r} step {index_file.get('step')}")
     ReplayIndex.from_state_dict(
@@ -316,9 +320,9 @@ def _check_verified(
         expected_digest=manifest.replay_digest,
         where=str(index_path),
     )
-    data_plane = opened.data_plane
-    data_plane_snapshot.check_dir(data_plane, storage_units=storage_units)
-    tq_meta = data_plane_snapshot.read_user_metadata(data_plane)
+    data_plane, entries = opened.data_plane, opened.entries(layout.DATA_PLANE)
+    data_plane_snapshot.check_dir(data_plane, storage_units=storage_units, expected=entries)
+    tq_meta = data_plane_snapshot.read_user_metadata(data_plane, entries)
     if tq_meta.get("replay_digest") != manifest.replay_digest:
         raise DigestError(
             f"{data_plane}/metadata.json: the data plane was saved with replay digest {tq_meta.get('replay_digest')}, "

@@ -43,6 +43,8 @@ import torch
 
 from trainingrun_runtime.dataplane import row_values, staging
 from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = [
     "FORMAT",
@@ -256,8 +258,11 @@ def write(path: str | os.PathLike[str], state: UnitState) -> staging.PendingWrit
     return staging.PendingWrite(os.fspath(path), fd, size, chunks, keep, timings)
 
 
-def read(path: str | os.PathLike[str]) -> UnitState:
+def read(path: str | os.PathLike[str], want: FileEntry | None = None) -> UnitState:
     """Read a file written by `write`; tensor rows are views into a private mapping of the file.
+
+    With `want` (the bundle manifest's entry of the file), the file is read and mapped through the descriptor
+    its size and checksum were checked through (`files.open_checked`), so the rows are the checked bytes.
 
     The file is mapped copy-on-write (`MAP_PRIVATE`), as `torch.load(mmap=True)` and safetensors do,
     not copied into new memory: the rows share the page cache's pages (a restore right after the
@@ -271,7 +276,7 @@ def read(path: str | os.PathLike[str]) -> UnitState:
     """
     where = str(path)
     started = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
+    with open(path, "rb", buffering=0) if want is None else files.open_checked(path, want) as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(_PREFIX.size)
         if len(prefix) < _PREFIX.size or prefix[:8] not in (MAGIC, _MAGIC_2):

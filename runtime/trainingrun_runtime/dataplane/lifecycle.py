@@ -42,6 +42,7 @@ import transfer_queue as tq  # type: ignore[import-untyped]
 from trainingrun_runtime.dataplane import row_client, snapshot, storage_unit
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient, PartitionState
 from trainingrun_runtime.errors import DataPlaneError, RestoreRefused
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = [
     "BootstrapDataPlane",
@@ -248,13 +249,18 @@ class BootstrapDataPlane(DataPlaneClient):
             raise RestoreRefused(f"start_fresh refused: TransferQueue is not pristine: {state.describe()}")
         return self._ready("fresh", None)
 
-    def load_checkpoint(self, directory: str | os.PathLike[str]) -> Restored:
+    def load_checkpoint(
+        self, directory: str | os.PathLike[str], expected: Mapping[str, FileEntry] | None = None
+    ) -> Restored:
         """Restore TransferQueue from a snapshot written by `snapshot`; returns (token, metadata).
 
         Refused (RestoreRefused) once anything went through this client, a failed load
         included, and when TransferQueue's global state is not pristine. The snapshot's
         files are checked against its listing (sizes, TQ version, unit count) before TQ's
-        loader sees them; checksums are the caller's job (`verification.open_verified`).
+        loader sees them; checksums are the caller's job (`verification.open_verified`). With `expected` (the
+        bundle manifest's entries of `data_plane/`, by path inside it), every process that reads a file of the
+        snapshot (this one, each storage unit, the controller) reads it from the descriptor it checked against
+        its entry (`files.open_checked`): a file replaced after the caller's verification is refused, not loaded.
         """
         self._claim_decision("load_checkpoint")
         path = Path(directory).absolute()
@@ -263,8 +269,14 @@ class BootstrapDataPlane(DataPlaneClient):
         if not state.pristine:
             raise RestoreRefused(f"restore from {path} refused: TransferQueue is not pristine: {state.describe()}")
         checked = time.perf_counter()
-        snapshot.check_dir(path, storage_units=self._storage_units)
-        user = snapshot.read_user_metadata(path)
+        snapshot.check_dir(path, storage_units=self._storage_units, expected=expected)
+        user = snapshot.read_user_metadata(path, expected)
+        if expected is not None:
+            units, controller = snapshot.unit_entries(expected), snapshot.controller_entry(path, expected)
+            ray.get(
+                [u.__ray_call__.remote(_expect_unit_files, units) for u in self._units]
+                + [self._controller.__ray_call__.remote(_expect_controller_file, controller)]
+            )
         loading = time.perf_counter()
         try:
             ended = snapshot.load(self._client, path)
@@ -348,6 +360,14 @@ class ConnectOnlyDataPlane(DataPlaneClient):
 
 def _active_key_count(unit: Any) -> int:
     return int(unit.storage_data.active_key_count)
+
+
+def _expect_unit_files(unit: Any, entries: Mapping[str, FileEntry]) -> None:
+    unit.storage_data.expected = dict(entries)
+
+
+def _expect_controller_file(controller: Any, entry: FileEntry) -> None:
+    controller.expected_state = entry
 
 
 def _run_with_timeout(fn: Any, timeout_s: float, what: str) -> Any:

@@ -24,13 +24,24 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from trainingrun_runtime.dataplane import storage_unit, unpickling
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError
 from trainingrun_runtime.storage import checksum, files
+from trainingrun_runtime.storage.manifest import FileEntry
 
-__all__ = ["LISTING", "PendingSnapshot", "check_dir", "concurrently", "load", "read_user_metadata", "write"]
+__all__ = [
+    "LISTING",
+    "PendingSnapshot",
+    "check_dir",
+    "concurrently",
+    "controller_entry",
+    "load",
+    "read_user_metadata",
+    "unit_entries",
+    "write",
+]
 
 LISTING: Final = "trainingrun_data_plane.json"
 """The snapshot listing, written into every snapshot: format, TransferQueue version, storage-unit count, every file
@@ -136,18 +147,23 @@ def write(client: Any, directory: Path, metadata: Mapping[str, Any]) -> PendingS
     return PendingSnapshot(path, sizes, unit_files, timings)
 
 
-def check_dir(path: Path, *, storage_units: int | None = None) -> dict[str, Any]:
+def check_dir(
+    path: Path, *, storage_units: int | None = None, expected: Mapping[str, FileEntry] | None = None
+) -> dict[str, Any]:
     """Check a snapshot directory against its listing before any loader reads it; returns the listing.
 
     Raises CheckpointCorrupt naming the file and the problem (missing, unlisted, wrong size,
     other TransferQueue version, other storage-unit count, a listing of another format, a controller state
-    that references a global it never holds: `unpickling`, which reads it parse-only).
+    that references a global it never holds: `unpickling`, which reads it parse-only). With `expected` (the
+    bundle manifest's entries of `data_plane/`, by path inside it), each file it reads is read from the
+    descriptor its checksum was checked through (`files.open_checked`).
     """
     if not path.is_dir():
         raise CheckpointCorrupt(f"{path}: missing (no data-plane snapshot)")
     side = path / LISTING
     try:
-        listing = json.loads(side.read_text())
+        with _open(path, LISTING, expected) as f:
+            listing = json.loads(f.read())
         found_format = listing.get("format")
         sizes = listing["files"]
     except FileNotFoundError:
@@ -175,17 +191,48 @@ def check_dir(path: Path, *, storage_units: int | None = None) -> dict[str, Any]
     for required in (_METADATA_FILE, _CONTROLLER_FILE):
         if required not in sizes:
             raise CheckpointCorrupt(f"{path / required}: missing from the snapshot")
-    unpickling.check_controller_state(path / _CONTROLLER_FILE)  # TransferQueue's loader unpickles it unrestricted
+    unpickling.check_controller_state(path / _CONTROLLER_FILE, _entry(path, _CONTROLLER_FILE, expected))
     return dict(listing)
 
 
-def read_user_metadata(path: Path) -> dict[str, Any]:
-    """The `metadata` the snapshot was written with; CheckpointCorrupt naming `metadata.json` if it cannot be read."""
+def read_user_metadata(path: Path, expected: Mapping[str, FileEntry] | None = None) -> dict[str, Any]:
+    """The `metadata` the snapshot was written with; CheckpointCorrupt naming `metadata.json` if it cannot be read.
+    `expected` as in `check_dir`."""
     where = path / _METADATA_FILE
     try:
-        return dict(json.loads(where.read_text())["user_metadata"])
+        with _open(path, _METADATA_FILE, expected) as f:
+            return dict(json.loads(f.read())["user_metadata"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointCorrupt(f"{where}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def _entry(path: Path, rel: str, expected: Mapping[str, FileEntry] | None) -> FileEntry | None:
+    """`expected`'s entry of `rel` (None without `expected`); CheckpointCorrupt if `expected` lacks it."""
+    if expected is None:
+        return None
+    if rel not in expected:
+        raise CheckpointCorrupt(f"{path / rel}: not in the manifest of this checkpoint")
+    return expected[rel]
+
+
+def _open(path: Path, rel: str, expected: Mapping[str, FileEntry] | None) -> BinaryIO:
+    entry = _entry(path, rel, expected)
+    return open(path / rel, "rb") if entry is None else files.open_checked(path / rel, entry)
+
+
+def unit_entries(expected: Mapping[str, FileEntry]) -> dict[str, FileEntry]:
+    """`expected`'s entries of the storage units' files, by file name (what a unit's `load_checkpoint` is given)."""
+    prefix = _UNIT_DIR + "/"
+    return {
+        rel[len(prefix) :]: e for rel, e in expected.items() if rel.startswith(prefix) and "/" not in rel[len(prefix) :]
+    }
+
+
+def controller_entry(path: Path, expected: Mapping[str, FileEntry]) -> FileEntry:
+    """`expected`'s entry of the controller's state file; CheckpointCorrupt if it has none."""
+    entry = _entry(path, _CONTROLLER_FILE, expected)
+    assert entry is not None
+    return entry
 
 
 def load(client: Any, path: Path) -> dict[str, float]:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,8 +44,9 @@ from transfer_queue.storage import simple_storage  # type: ignore[import-untyped
 from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
 from trainingrun_runtime.dataplane import column_file, staging, tq_controller
-from trainingrun_runtime.errors import DataPlaneError
+from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError
 from trainingrun_runtime.storage import checksum
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = [
     "DIGEST_SUFFIX",
@@ -105,6 +107,10 @@ class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[mi
 
     last_timings: dict[str, float] = {}  # noqa: RUF012 - replaced, never mutated
     """Seconds per phase of this unit's last snapshot write or load (profiling, read through Ray)."""
+    expected: Mapping[str, FileEntry] | None = None
+    """The manifest's entries of the units' files, by file name, set by the bootstrap client right before a
+    restore (`lifecycle.BootstrapDataPlane.load_checkpoint`): `load_checkpoint` reads its file through the
+    descriptor it checks against its entry. None: read unchecked (a snapshot outside a bundle)."""
 
     def save_checkpoint(self, path: str | Path, storage_unit_id: str) -> None:
         """Plan and create the unit's file; its bytes and digest follow in the background (not fsynced).
@@ -116,8 +122,14 @@ class CompactStorageUnitData(simple_storage.StorageUnitData):  # type: ignore[mi
         threading.Thread(target=_publish_digest, args=(str(path), pending), name="unit-digest", daemon=True).start()
 
     def load_checkpoint(self, path: str | Path) -> int | None:
-        """Replace the unit's rows with a `column_file` snapshot; a file of another format is refused, naming it."""
-        state = column_file.read(path)
+        """Replace the unit's rows with a `column_file` snapshot; a file of another format is refused, naming it,
+        and so is one that does not match its entry of `expected`."""
+        want = None
+        if self.expected is not None:
+            want = self.expected.get(Path(path).name)
+            if want is None:
+                raise CheckpointCorrupt(f"{path}: not in the manifest of this checkpoint")
+        state = column_file.read(path, want)
         self.last_timings = dict(state.timings)
         self.field_data = state.field_data
         self._active_keys = state.active_keys

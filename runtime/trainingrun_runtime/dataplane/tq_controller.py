@@ -38,6 +38,7 @@ import torch
 from transfer_queue import controller as tq_controller  # type: ignore[import-untyped]
 
 from trainingrun_runtime.dataplane import unpickling
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["DirectPickleController", "state_of"]
 
@@ -63,6 +64,10 @@ def state_of(controller: Any) -> dict[str, Any]:
 class DirectPickleController(tq_controller.TransferQueueController.__ray_actor_class__):  # type: ignore[misc]
     """A stock TransferQueue controller whose checkpoint save pickles its state without deep-copying it first."""
 
+    expected_state: FileEntry | None = None
+    """The manifest's entry of `controller_state.pkl`, set by the bootstrap client right before a restore:
+    `load_checkpoint` unpickles the bytes read through the descriptor it checked against it. None: unchecked."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # The first tensor this process unpickles (a restore's: the partitions' status tensors) imports torch's
@@ -81,7 +86,7 @@ class DirectPickleController(tq_controller.TransferQueueController.__ray_actor_c
     def load_checkpoint(self, path: str) -> None:
         """Restore the state 0.1.11's `load_checkpoint` restores, unpickled with the restricted unpickler."""
         try:
-            state = unpickling.load_controller_state(Path(path))
+            state = unpickling.load_controller_state(Path(path), self.expected_state)
             self.controller_id = state["controller_id"]
             self.partitions = state["partitions"]
             im = state["index_manager"]

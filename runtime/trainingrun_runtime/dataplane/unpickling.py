@@ -18,11 +18,13 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import torch
 
 from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["ALLOWED", "ControllerUnpickler", "check_controller_state", "load_controller_state"]
 
@@ -48,7 +50,7 @@ def _storage_from_bytes(data: bytes) -> Any:
 class ControllerUnpickler(pickle.Unpickler):
     """A `pickle.Unpickler` whose `find_class` resolves `ALLOWED` and torch dtypes only; `where` names the file."""
 
-    def __init__(self, file: io.BufferedIOBase, where: str) -> None:
+    def __init__(self, file: BinaryIO, where: str) -> None:
         super().__init__(file)
         self.where = where
 
@@ -66,11 +68,12 @@ class ControllerUnpickler(pickle.Unpickler):
         raise CheckpointCorrupt(f"{self.where}: holds a persistent id, which a controller state never holds")
 
 
-def load_controller_state(path: Path) -> Any:
-    """The controller state in `path`, unpickled with `ControllerUnpickler`; CheckpointCorrupt naming the file."""
+def load_controller_state(path: Path, want: FileEntry | None = None) -> Any:
+    """The controller state in `path`, unpickled with `ControllerUnpickler`; CheckpointCorrupt naming the file.
+    With `want` (the manifest's entry), unpickled from the descriptor its checksum was checked through."""
     where = str(path)
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") if want is None else files.open_checked(path, want) as f:
             return ControllerUnpickler(f, where).load()
     except CheckpointCorrupt:
         raise
@@ -78,8 +81,9 @@ def load_controller_state(path: Path) -> Any:
         raise CheckpointCorrupt(f"{where}: unreadable controller state ({type(e).__name__}: {e})") from None
 
 
-def check_controller_state(path: Path) -> None:
-    """Refuse `path` (CheckpointCorrupt) unless it unpickles with `ControllerUnpickler` to a controller state."""
-    state = load_controller_state(path)
+def check_controller_state(path: Path, want: FileEntry | None = None) -> None:
+    """Refuse `path` (CheckpointCorrupt) unless it unpickles with `ControllerUnpickler` to a controller state
+    (`want` as in `load_controller_state`)."""
+    state = load_controller_state(path, want)
     if not isinstance(state, dict) or not {"controller_id", "partitions", "index_manager", "sampler"} <= set(state):
         raise CheckpointCorrupt(f"{path}: not a TransferQueue controller state (unexpected layout)")

@@ -310,7 +310,8 @@ def restore(
         ev.emit("tq_fresh")
         return Restored(token=token, step=None, replay_state=None, replay_digest=None, last_checkpoint=None)
     try:
-        token = the_trainers.load_data_plane_checkpoint(chosen.verified.data_plane).token
+        verified = chosen.verified
+        token = the_trainers.load_data_plane_checkpoint(verified.data_plane, verified.entries(layout.DATA_PLANE)).token
         ev.emit("tq_restored", step=chosen.manifest.step)
         _load_policy(chosen, the_trainers)
         ev.emit("policy_loaded", step=chosen.manifest.step)
@@ -341,14 +342,17 @@ def restore(
 
 def _load_policy(chosen: checkpointer.Selection, the_trainers: trainers.Trainers) -> None:
     verified, m = chosen.verified, chosen.manifest
-    sha = the_trainers.load(verified.file(f"{layout.POLICY}/{trainer.MODEL_FILE}").parent)
+    sha = the_trainers.load(
+        verified.file(f"{layout.POLICY}/{trainer.MODEL_FILE}").parent, verified.entries(layout.POLICY)
+    )
     if sha != m.weights_sha256:
         raise CheckpointCorrupt(f"{verified.path}: loaded weights hash {sha}, the manifest says {m.weights_sha256}")
 
 
 def _load_rollout(chosen: checkpointer.Selection, rollout: Rollout) -> None:
     verified, m = chosen.verified, chosen.manifest
-    state = torch.load(verified.file(layout.TRAIN_DATALOADER), weights_only=True)
+    with verified.open(layout.TRAIN_DATALOADER) as f:
+        state = torch.load(f, weights_only=True)
     rollout.loader.load_state_dict(state["loader"])
     rollout.sampler.load_state_dict(state["sampler"])
     rollout.ledger.load_state_dict(dict(chosen.restart["ledger"]))

@@ -22,7 +22,7 @@ workers would go at scale.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.driver import placement
 from trainingrun_runtime.grpo import trainer
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers"]
 
@@ -85,9 +86,10 @@ class TrainerWorker:
         """Write policy files into `directory`; returns weights_sha256."""
         return self.trainer.save(directory)
 
-    def load(self, directory: str) -> str:
-        """Load policy files; returns weights_sha256 of what was loaded."""
-        return self.trainer.load(directory)
+    def load(self, directory: str, expected: Mapping[str, FileEntry] | None = None) -> str:
+        """Load policy files, each checked against `expected` as it is read; returns weights_sha256 of what was
+        loaded (`trainer.Trainer.load`)."""
+        return self.trainer.load(directory, expected)
 
 
 class Trainers:
@@ -120,11 +122,15 @@ class Trainers:
             raise RuntimeError("the bootstrap data-plane client lives only in the driver's Trainers")
         return self.data_plane
 
-    def load_data_plane_checkpoint(self, directory: Path) -> lifecycle.Restored:
-        """Restore TransferQueue from `directory` through the bootstrap client; attach the worker after."""
+    def load_data_plane_checkpoint(
+        self, directory: Path, expected: Mapping[str, FileEntry] | None = None
+    ) -> lifecycle.Restored:
+        """Restore TransferQueue from `directory` through the bootstrap client, each file checked against
+        `expected` by the process that reads it (`lifecycle.BootstrapDataPlane.load_checkpoint`); attach the
+        worker after."""
         import ray
 
-        restored = self._bootstrap().load_checkpoint(directory)
+        restored = self._bootstrap().load_checkpoint(directory, expected)
         ray.get(self.worker.attach.remote(restored.token))
         return restored
 
@@ -136,11 +142,12 @@ class Trainers:
         ray.get(self.worker.attach.remote(token))
         return token
 
-    def load(self, directory: Path) -> str:
-        """Load weights and optimizer state from a bundle's `policy/`; returns weights_sha256."""
+    def load(self, directory: Path, expected: Mapping[str, FileEntry] | None = None) -> str:
+        """Load weights and optimizer state from a bundle's `policy/`, each file checked against `expected` (the
+        manifest's entries) in the worker's process as it reads it; returns weights_sha256."""
         import ray
 
-        sha: str = ray.get(self.worker.load.remote(str(directory)))
+        sha: str = ray.get(self.worker.load.remote(str(directory), None if expected is None else dict(expected)))
         return sha
 
     def close(self) -> None:

@@ -21,11 +21,15 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from trainingrun_runtime import config
+from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.grpo import objective, task, transformer
+from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["Trainer", "deterministic", "weights_sha256"]
 
@@ -110,10 +114,25 @@ class Trainer:
         (path / STATE_FILE).write_text(json.dumps({"version": self.version}))
         return self.weights_sha256()
 
-    def load(self, directory: str | os.PathLike[str]) -> str:
-        """Read what `save` wrote (weights_only=True); return weights_sha256 of the loaded weights."""
+    def load(self, directory: str | os.PathLike[str], expected: Mapping[str, FileEntry] | None = None) -> str:
+        """Read what `save` wrote (weights_only=True); return weights_sha256 of the loaded weights.
+
+        With `expected` (the bundle manifest's entries of `policy/`, by file name), each file is read from the
+        descriptor its size and checksum were checked through (`files.open_checked`; CheckpointCorrupt naming
+        the file), so what is loaded is what was verified, in this process."""
         path = Path(directory)
-        self.model.load_state_dict(torch.load(path / MODEL_FILE, weights_only=True))
-        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
-        self.version = int(json.loads((path / STATE_FILE).read_text())["version"])
+        with self._open(path, MODEL_FILE, expected) as f:
+            self.model.load_state_dict(torch.load(f, weights_only=True))
+        with self._open(path, OPTIMIZER_FILE, expected) as f:
+            self.optimizer.load_state_dict(torch.load(f, weights_only=True))
+        with self._open(path, STATE_FILE, expected) as f:
+            self.version = int(json.loads(f.read())["version"])
         return self.weights_sha256()
+
+    @staticmethod
+    def _open(path: Path, name: str, expected: Mapping[str, FileEntry] | None) -> BinaryIO:
+        if expected is None:
+            return open(path / name, "rb")
+        if name not in expected:
+            raise CheckpointCorrupt(f"{path / name}: not in the manifest of this checkpoint")
+        return files.open_checked(path / name, expected[name])

@@ -7,11 +7,14 @@ Standard library only.
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import checksum
@@ -24,6 +27,7 @@ __all__ = [
     "fsync_dir",
     "fsync_file",
     "hash_file",
+    "open_checked",
     "remove_tree",
     "replace_synced",
     "walk",
@@ -96,13 +100,55 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = checksum.CURRENT, *
     if threads > 1 and algorithm == "blake3":
         size = os.stat(path).st_size  # the caller checks it against what it listed
         return FileEntry(size=size, digest=checksum.blake3_of_mapped_file(path, threads=threads), algorithm=algorithm)
+    with open(path, "rb", buffering=0) as f:
+        return _hash_stream(f, algorithm)
+
+
+def _hash_stream(f: io.RawIOBase, algorithm: str) -> FileEntry:
     h = checksum.new(algorithm)
     size = 0
-    with open(path, "rb", buffering=0) as f, _CHUNKS.lend() as buf, memoryview(buf) as view:
+    with _CHUNKS.lend() as buf, memoryview(buf) as view:
         while n := f.readinto(buf):
             h.update(view[:n])
             size += n
     return FileEntry(size=size, digest=h.hexdigest(), algorithm=algorithm)
+
+
+def open_checked(path: str | os.PathLike[str], want: FileEntry) -> BinaryIO:
+    """A bundle's file, open for reading at its start once the bytes read through this same descriptor had
+    `want`'s size and checksum; CheckpointCorrupt naming the file otherwise. The caller closes it.
+
+    Whoever reads a checkpoint reads what was checked: the file is opened once, without following a link, and
+    the caller reads it from the returned object, never by its path again, so a file renamed over it after the
+    check (or a link put in its place) is never what is read. A writer who changes the same file in place after
+    the check is not caught (the checkpoint volume's permissions are what keep other writers out).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{path}: missing") from None
+    except OSError as e:
+        why = "a symbolic link, which a bundle never holds" if e.errno == errno.ELOOP else f"unreadable ({e})"
+        raise CheckpointCorrupt(f"{path}: {why}") from None
+    raw = io.FileIO(fd, "rb", closefd=True)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointCorrupt(f"{path}: not a regular file")
+        try:
+            got = _hash_stream(raw, want.algorithm)
+        except OSError as e:
+            raise CheckpointCorrupt(f"{path}: unreadable ({e})") from None
+        if got.size != want.size:
+            raise CheckpointCorrupt(f"{path}: {got.size} bytes, the manifest says {want.size}")
+        if got.digest != want.digest:
+            raise CheckpointCorrupt(
+                f"{path}: checksum mismatch ({want.algorithm} {got.digest}, manifest says {want.digest})"
+            )
+        raw.seek(0)
+        return io.BufferedReader(raw)
+    except BaseException:
+        raw.close()
+        raise
 
 
 def walk(top: Path) -> tuple[list[str], list[Path], list[str]]:

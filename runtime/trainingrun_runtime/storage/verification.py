@@ -1,7 +1,8 @@
 """Reading a bundle: verify every checksum before anything reads a file, and find the newest step that verifies.
 
     verified = open_verified(step_dir, run=run)   # a VerifiedBundle: the only sanctioned way to read a checkpoint
-    verified.file("policy/model.pt"), verified.data_plane, verified.replay_metadata
+    verified.open("train_dataloader.pt")           # read what was checked: the bytes of this descriptor
+    verified.entries("policy")                    # for a reader in another process (`files.open_checked`)
     found = discover(root, run, check=...)        # newest first; a step that fails is skipped with the reason
 
 Standard library only.
@@ -15,11 +16,11 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import checksum, files, layout
-from trainingrun_runtime.storage.manifest import Manifest
+from trainingrun_runtime.storage.manifest import FileEntry, Manifest
 
 __all__ = ["Discovery", "VerifiedBundle", "discover", "looks_valid", "open_verified", "verify"]
 
@@ -52,19 +53,17 @@ def _verify(path: Path, run: str | None, manifest_blake3: str | None) -> tuple[M
     # big files (the storage units', the policy's) overlap each other instead of queueing behind small ones.
     # One thread per file: cold reads are bound by the disk, not the hash (measured in `files.hash_file`).
     with concurrent.futures.ThreadPoolExecutor(_HASH_WORKERS, thread_name_prefix="bundle-verify") as pool:
-        hashes = {
-            rel: pool.submit(files.hash_file, path / rel, want.algorithm)
+        checks = [
+            pool.submit(_check_file, path / rel, want)
             for rel, want in sorted(manifest.files.items(), key=lambda item: (-item[1].size, item[0]))
-        }
-        for rel, fut in hashes.items():
-            got, want = fut.result(), manifest.files[rel]
-            if got.size != want.size:
-                raise CheckpointCorrupt(f"{path / rel}: changed while verifying ({got.size} bytes)")
-            if got.digest != want.digest:
-                raise CheckpointCorrupt(
-                    f"{path / rel}: checksum mismatch ({want.algorithm} {got.digest}, manifest says {want.digest})"
-                )
+        ]
+        for check in checks:
+            check.result()
     return manifest, digest
+
+
+def _check_file(path: Path, want: FileEntry) -> None:
+    files.open_checked(path, want).close()
 
 
 def looks_valid(step_dir: Path, run: str) -> bool:
@@ -124,6 +123,17 @@ class VerifiedBundle:
         if relpath not in self.manifest.files:
             raise CheckpointCorrupt(f"{self.path / relpath}: not in the manifest of this checkpoint")
         return self.path / relpath
+
+    def open(self, relpath: str) -> BinaryIO:
+        """A listed file, open at its start, its bytes checked against the manifest through the same descriptor
+        that the caller then reads (`files.open_checked`); CheckpointCorrupt if it is unlisted or fails."""
+        return files.open_checked(self.file(relpath), self.manifest.files[relpath])
+
+    def entries(self, directory: str) -> dict[str, FileEntry]:
+        """The manifest's entries of the files under `directory` (a bundle-relative folder), keyed by their path
+        inside it: what a reader in another process checks each file against (`files.open_checked`)."""
+        prefix = directory.rstrip("/") + "/"
+        return {rel[len(prefix) :]: entry for rel, entry in self.manifest.files.items() if rel.startswith(prefix)}
 
     @property
     def data_plane(self) -> Path:

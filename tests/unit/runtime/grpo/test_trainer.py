@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainingrun_runtime import config
+from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.grpo import group_sampling, objective, trainer
+from trainingrun_runtime.storage import files
 
 CFG = config.TrainerConfig(prompts_per_step=3, grpo=config.GRPOConfig(group_size=4, kl_coef=0.1, updates_per_batch=2))
 
@@ -53,3 +57,26 @@ def test_the_weights_checksum_sees_one_flipped_bit_and_ignores_dict_order() -> N
     assert trainer.weights_sha256(state) == trainer.weights_sha256(reordered)
     flipped = {"a": torch.ones(3), "b": torch.tensor([0.0, -0.0])}
     assert trainer.weights_sha256(state) != trainer.weights_sha256(flipped)
+
+
+def test_a_policy_file_that_differs_from_the_manifests_entry_is_refused_rather_than_loaded(tmp_path: Path) -> None:
+    """With the manifest's entries, the trainer checks each file through the descriptor it loads it from: a
+    model.pt replaced after the driver's verification (here: another trainer's) is refused, naming the file."""
+    tr = trainer.Trainer(CFG)
+    tr.save(tmp_path / "policy")
+    expected = {p.name: files.hash_file(p) for p in (tmp_path / "policy").iterdir()}
+    _train(tr, range(1))
+    tr.save(tmp_path / "other")
+    os.replace(tmp_path / "other" / trainer.MODEL_FILE, tmp_path / "policy" / trainer.MODEL_FILE)
+    fresh = trainer.Trainer(CFG)
+    with pytest.raises(CheckpointCorrupt, match=rf"policy/{trainer.MODEL_FILE}: (checksum mismatch|\d+ bytes)"):
+        fresh.load(tmp_path / "policy", expected)
+    assert fresh.version == 0
+
+
+def test_a_policy_loaded_with_the_manifests_entries_is_the_one_saved(tmp_path: Path) -> None:
+    tr = trainer.Trainer(CFG)
+    _train(tr, range(1))
+    sha = tr.save(tmp_path)
+    expected = {p.name: files.hash_file(p) for p in tmp_path.iterdir()}
+    assert trainer.Trainer(CFG).load(tmp_path, expected) == sha

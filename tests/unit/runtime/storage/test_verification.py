@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import blake3
 import pytest
@@ -211,13 +212,13 @@ def test_verification_reads_the_largest_files_first_each_in_the_manifests_algori
     path = as_format_1(save(tmp_path, 1))
     monkeypatch.setattr(verification, "_HASH_WORKERS", 1)
     read: list[tuple[str, str]] = []
-    real = files.hash_file
+    real = files.open_checked
 
-    def spy(p: Path, algorithm: str = "blake3", *, threads: int = 1) -> FileEntry:
-        read.append((p.relative_to(path).as_posix(), algorithm))
-        return real(p, algorithm, threads=threads)
+    def spy(p: Path, want: FileEntry) -> BinaryIO:
+        read.append((Path(p).relative_to(path).as_posix(), want.algorithm))
+        return real(p, want)
 
-    monkeypatch.setattr(files, "hash_file", spy)
+    monkeypatch.setattr(files, "open_checked", spy)
     verify(path)
     by_size = sorted(contents(1), key=lambda rel: (-len(contents(1)[rel]), rel))
     assert read == [(rel, "sha256") for rel in by_size]
@@ -280,3 +281,44 @@ def test_the_recorded_manifest_blake3_is_checked_before_the_manifest_is_parsed(t
     (path / MANIFEST).write_bytes(b"not json")
     with pytest.raises(CheckpointCorrupt, match="BLAKE3"):
         verify(path, manifest_blake3="0" * 64)
+
+
+def test_a_file_renamed_over_a_checked_one_is_never_what_its_reader_reads(tmp_path: Path) -> None:
+    """The reader gets the descriptor the check read through: a file swapped in by rename afterwards (a writer
+    of the volume replacing a verified file between the check and the load) is not read."""
+    path = save(tmp_path, 3)
+    verified = open_verified(path)
+    with verified.open(REPLAY_METADATA) as f:
+        (path / "swap").write_bytes(b"tampered after the check")
+        os.replace(path / "swap", path / REPLAY_METADATA)
+        assert f.read() == contents(3)[REPLAY_METADATA]
+
+
+def test_a_file_swapped_after_verification_is_refused_when_it_is_opened_for_reading(tmp_path: Path) -> None:
+    """`open_verified` checked every file; one replaced after that (another valid-looking file of the same size)
+    is refused by the reader's own check rather than loaded."""
+    path = save(tmp_path, 3)
+    verified = open_verified(path)
+    original = contents(3)[REPLAY_METADATA]
+    (path / "swap").write_bytes(bytes(b ^ 0xFF for b in original))
+    os.replace(path / "swap", path / REPLAY_METADATA)
+    with pytest.raises(CheckpointCorrupt, match=rf"{REPLAY_METADATA}: checksum mismatch"):
+        verified.open(REPLAY_METADATA)
+
+
+def test_a_symbolic_link_in_place_of_a_listed_file_is_refused_without_being_followed(tmp_path: Path) -> None:
+    path = save(tmp_path, 3)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(contents(3)[REPLAY_METADATA])  # the right bytes, but not the bundle's file
+    (path / REPLAY_METADATA).unlink()
+    (path / REPLAY_METADATA).symlink_to(target)
+    entry = files.hash_file(target)
+    with pytest.raises(CheckpointCorrupt, match="a symbolic link, which a bundle never holds"):
+        files.open_checked(path / REPLAY_METADATA, entry)
+
+
+def test_the_entries_of_a_folder_are_keyed_by_their_path_inside_it(tmp_path: Path) -> None:
+    verified = open_verified(save(tmp_path, 3))
+    policy = verified.entries("policy")
+    assert set(policy) == {rel.removeprefix("policy/") for rel in contents(3) if rel.startswith("policy/")}
+    assert all(policy[name] == verified.manifest.files[f"policy/{name}"] for name in policy)
