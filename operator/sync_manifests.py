@@ -9,7 +9,8 @@ Sources and what is generated from them:
   `# BEGIN GENERATED <name>` and `# END GENERATED <name>`: the schema of spec.ray.head.template and of
   spec.ray.workers[].template, which is KubeRay's PodTemplateSpec schema (itself Kubernetes'), narrowed to what a
   fragment may say (metadata: labels and annotations; no field required but the keys of keyed lists), with the
-  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns, what would escalate).
+  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns, what would escalate; not what
+  the cluster admin may allow, which the chart's ValidatingAdmissionPolicy checks: trainingrun_operator.allowance).
 - trainingrun_runtime.config.TrainerConfig (the runtime's config model) -> the region `trainer` of the same file:
   the schema of spec.trainer (trainingrun_operator.crdschema). The rest of that file is written by hand.
 - manifests/crd/trainingrun.dev_trainingruns.yaml (source) -> charts/trainingrun/crds/ (a byte-identical copy)

@@ -2,11 +2,14 @@
 
     trainingrun operator [--namespace NS ...] [--liveness URL] [--metrics-address HOST:PORT] [--peering NAME]
                          [--kuberay-namespace NS] [--kuberay-label KEY=VALUE ...] [--metrics-namespace NS ...]
-                         [--no-network-policy] [--kubeconfig FILE]
+                         [--no-network-policy] [--allow-capabilities A,B] [--allow-host-paths DIR,DIR]
+                         [--kubeconfig FILE]
         the operator (kopf), as the chart's Deployment runs it; /metrics on its own port (metrics.py); each run's
-        pods closed to all but the run's own, KubeRay's and the metrics namespaces' pods (netpolicy.py)
+        pods closed to all but the run's own, KubeRay's and the metrics namespaces' pods (netpolicy.py); the pod
+        templates may add the capabilities and mount the host paths the admin allows (allowance.py), nothing else
     trainingrun run FILE [--root DIR] [--chaos]
-        one TrainingRun on this machine, without Kubernetes (local.py), same decision core
+        one TrainingRun on this machine, without Kubernetes (local.py), same decision core; it allows no added
+        capability and no hostPath (there is no chart to allow one, and no pod)
 
 Input a command cannot use (a missing or malformed file, an invalid TrainingRun, a kubeconfig without
 credentials) is one message on stderr that names the file and the line or the fields, and exit status 2, as
@@ -27,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainingrun_operator import errors, netpolicy
+from trainingrun_operator import allowance, errors, netpolicy
 
 if TYPE_CHECKING:
     from trainingrun_operator import apiclient, metrics
@@ -53,12 +56,14 @@ async def operate(
     metrics_address: str | None = None,
     exporter: metrics.Exporter | None = None,
     network: netpolicy.Sources | None = netpolicy.DEFAULT,
+    allow: allowance.Allowance = allowance.NONE,
 ) -> None:
     """Run the operator until `stop_flag` is set (in-process: tests and the benchmark call this).
 
     `metrics_address` (HOST:PORT, port 0: any free one): where /metrics is served, None: nowhere; `exporter`: the
     metrics object to use (its `.port` once started), else a new one; `network`: who besides a run's own pods may
-    reach them (each run's NetworkPolicy; None: none is made).
+    reach them (each run's NetworkPolicy; None: none is made); `allow`: what the cluster admin allows in pod
+    templates (the chart's podSecurity.allow; nothing by default).
     """
     from trainingrun_operator import handlers
 
@@ -74,7 +79,21 @@ async def operate(
         metrics_address=metrics_address,
         exporter=exporter,
         network=network,
+        allow=allow,
     )
+
+
+def _allowance(args: argparse.Namespace) -> allowance.Allowance:
+    """What the pod templates may have beyond an unprivileged pod, from the comma-separated flags."""
+    try:
+        capabilities = allowance.parse(capabilities=args.allow_capabilities.split(",")).capabilities
+    except ValueError as exc:
+        raise errors.InvalidInput(f"--allow-capabilities: {exc}") from None
+    try:
+        host_paths = allowance.parse(host_paths=args.allow_host_paths.split(",")).host_paths
+    except ValueError as exc:
+        raise errors.InvalidInput(f"--allow-host-paths: {exc}") from None
+    return allowance.Allowance(capabilities, host_paths)
 
 
 def _network(args: argparse.Namespace) -> netpolicy.Sources | None:
@@ -107,6 +126,7 @@ def _operator_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise errors.InvalidInput(f"--metrics-address: {exc}") from None
     network = _network(args)
+    allow = _allowance(args)
 
     namespaces = list(args.namespace or [])
     if not namespaces and os.environ.get("WATCH_NAMESPACES"):
@@ -122,6 +142,7 @@ def _operator_command(args: argparse.Namespace) -> int:
                 priority=args.priority,
                 metrics_address=args.metrics_address or None,
                 network=network,
+                allow=allow,
             )
         )
     finally:
@@ -179,6 +200,20 @@ def _parser() -> argparse.ArgumentParser:
         "--no-network-policy",
         action="store_true",
         help="make no NetworkPolicy per run (its pods are then as open as the namespace's own policies leave them)",
+    )
+    op.add_argument(
+        "--allow-capabilities",
+        default="",
+        metavar="A,B",
+        help="capabilities a pod template's container may add, e.g. IPC_LOCK (the chart's "
+        "podSecurity.allow.capabilities; default: none)",
+    )
+    op.add_argument(
+        "--allow-host-paths",
+        default="",
+        metavar="DIR,DIR",
+        help="directories a pod template's hostPath volume may be at or under, e.g. /dev/infiniband (the chart's "
+        "podSecurity.allow.hostPaths; default: none)",
     )
     op.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then KUBECONFIG)")
     op.add_argument("--context", default=None)

@@ -7,7 +7,8 @@ One pass runs in a fixed order:
 
     terminal? ──> (Failed: delete a leftover RayJob) done
     invalid? ──> Failed/InvalidSpec, naming the field: the caller's `problem` (the object does not parse),
-                 else spec.trainer against the runtime's RuntimeConfig (validation.spec_problem), else a queued
+                 else the spec against the runtime's RuntimeConfig and the admin's allowance (validation.
+                 spec_problem: spec.trainer, placement, pod templates), else a queued
                  run's spec against Kueue's rules for a RayJob (queueing.problem, naming the label)
     fold status.runtime (fenced: only the current attempt's report, until it ends unless it succeeded)
     delete RayJobs of other attempts
@@ -45,6 +46,7 @@ import datetime
 from typing import Any
 
 from trainingrun_operator import (
+    allowance,
     conditions,
     model,
     naming,
@@ -103,6 +105,7 @@ class Inputs:
     `problem`: why the object the caller read is invalid, found while parsing it ('<field path>: <what>');
     `spec` is None then (a spec that does not parse). A run with a problem fails unless it already ended.
     `queue`: the Kueue queue the run's labels name (`queueing.queue_of`); None: attempts start at once.
+    `allow`: what the cluster admin allows in the pod templates (`allowance.py`; local mode: nothing).
     """
 
     run: str
@@ -114,6 +117,7 @@ class Inputs:
     now: datetime.datetime
     problem: str | None = None
     queue: queueing.Queue | None = None
+    allow: allowance.Allowance = allowance.NONE
 
     def __post_init__(self) -> None:
         if self.spec is None and not self.problem:
@@ -713,7 +717,7 @@ def decide(inputs: Inputs) -> Decision:
         if p.phase is Phase.FAILED:
             p.delete_current_rayjob()
         return _conditions_and_patch(p, inputs.status)
-    problem = inputs.problem or validation.spec_problem(p.spec) or queueing.problem(p.spec, inputs.queue)
+    problem = inputs.problem or validation.spec_problem(p.spec, inputs.allow) or queueing.problem(p.spec, inputs.queue)
     if problem is not None:
         p.end_attempt(INVALID_SPEC, problem)
         p.fail(INVALID_SPEC, problem)

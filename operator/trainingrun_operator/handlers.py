@@ -32,6 +32,7 @@ from typing import Any, cast
 import kopf
 
 from trainingrun_operator import (
+    allowance,
     apiclient,
     departures,
     errors,
@@ -72,6 +73,8 @@ class Memo:
     """Who besides a run's own pods may reach them (each run's NetworkPolicy); None: no NetworkPolicy is made."""
     covered: set[str] = dataclasses.field(default_factory=set)
     """The uids of the runs whose NetworkPolicy this process has ensured (a run not in it gets it at its next pass)."""
+    allow: allowance.Allowance = allowance.NONE
+    """What the cluster admin allows in pod templates (the chart's podSecurity.allow); the rest fails InvalidSpec."""
 
 
 def _memo(memo: Any) -> Memo:
@@ -188,6 +191,7 @@ async def supervise(
                 metrics=memo.metrics,
                 network=memo.network,
                 covered=memo.covered,
+                allow=memo.allow,
             )
             failures = 0
         except asyncio.CancelledError:
@@ -285,14 +289,15 @@ async def run(
     metrics_address: str | None = None,
     exporter: metrics.Exporter | None = None,
     network: netpolicy.Sources | None = netpolicy.DEFAULT,
+    allow: allowance.Allowance = allowance.NONE,
 ) -> None:
     """Run kopf with the handlers above until `stop_flag` is set. No namespaces: every namespace.
 
     `metrics_address` (HOST:PORT): where /metrics is served, None: nowhere; `exporter`: the metrics to keep (a
     test reads its port or registry), else a new one; `network`: the sources of every run's NetworkPolicy (None:
-    none is made).
+    none is made); `allow`: what the cluster admin allows in pod templates (nothing by default).
     """
-    memo = Memo(api=api, metrics_address=metrics_address, network=network)
+    memo = Memo(api=api, metrics_address=metrics_address, network=network, allow=allow)
     if exporter is not None:
         memo.metrics = exporter
     if resync_seconds is not None:

@@ -2,8 +2,9 @@
 not touch. Pure.
 
 Who calls it: `rayjob.py` builds each group's pod template (`base`) and merges the user's fragment into it
-(`merged`); `validation.py` lists what a fragment must not set (`problems`); `operator/sync_manifests.py` writes
-the same refusals into the CRD as CEL rules (`cel_rules`), so `kubectl apply` and `trainingrun run` say the same.
+(`merged`); `validation.py` lists what a fragment must not set (`problems`, given the admin's allowance);
+`operator/sync_manifests.py` writes the same refusals (but the allowable ones) into the CRD as CEL rules
+(`cel_rules`), so `kubectl apply` and `trainingrun run` say the same.
 
     spec.ray.head.template / spec.ray.workers[].template    (a PodTemplateSpec fragment, KubeRay's schema)
             │
@@ -21,13 +22,15 @@ the same refusals into the CRD as CEL rules (`cel_rules`), so `kubectl apply` an
                                         ServiceAccount and every group's grace period refused)
 
 Escalations (`ESCALATIONS`) are refused in every group, in every container of `containers`, `initContainers` and
-`ephemeralContainers`, the pod's securityContext and the volumes: privileged, allowPrivilegeEscalation true, added
-capabilities, runAsUser 0, runAsNonRoot false, host namespaces, hostPath, a projected ServiceAccount token, and
-on workers a `*-driver` ServiceAccount (another run's driver token patches that run's status). Mount paths at or
-under /checkpoints and /dev/shm are refused in every container of those lists. Under the fragment's security
-contexts every pod and each of its containers and init containers gets a restricted one (`RESTRICTED_POD`,
-`RESTRICTED_CONTAINER`: non-root, RuntimeDefault seccomp, no privilege escalation, drop ALL), so a namespace whose
-Pod Security Admission level is `restricted` runs Ray pods.
+`ephemeralContainers`, the pod's securityContext and the volumes: privileged, allowPrivilegeEscalation true,
+runAsUser 0, runAsNonRoot false, host namespaces, a projected ServiceAccount token, and on workers a `*-driver`
+ServiceAccount (another run's driver token patches that run's status). Added capabilities and hostPath volumes are
+refused unless the cluster admin allows them (`allowance.ALLOWABLE`, the chart's `podSecurity.allow`; checked here
+and by the chart's ValidatingAdmissionPolicy, not by the CRD). Mount paths at or under /checkpoints and /dev/shm are
+refused in every container of those lists. Under the fragment's security contexts every pod and each of its
+containers and init containers gets a restricted one (`RESTRICTED_POD`, `RESTRICTED_CONTAINER`: non-root,
+RuntimeDefault seccomp, no privilege escalation, drop ALL), so a namespace whose Pod Security Admission level is
+`restricted` runs Ray pods (unless the admin's allowance let a capability or a hostPath in: see `allowance.py`).
 
 Merging: objects are merged key by key, lists are the operator's items then the fragment's, a value both give is
 the operator's (the rules below refuse such a fragment first, so this never decides anything). Containers are
@@ -40,7 +43,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from trainingrun_operator import naming
+from trainingrun_operator import allowance, naming
 
 __all__ = [
     "CHECKPOINT_MOUNT",
@@ -164,14 +167,13 @@ def _message(rule: Rule, group: Group) -> str:
     return what if rule.node == "sidecar" else f"{what}: {rule.why}"
 
 
-Check = Literal["true", "false", "zero", "nonempty", "set", "driver", "unconfined"]
-"""What makes a value an escalation: `true`, `false`, the number 0, a non-empty list, being set at all, a name
-ending in `-driver`, `Unconfined`."""
+Check = Literal["true", "false", "zero", "set", "driver", "unconfined"]
+"""What makes a value an escalation: `true`, `false`, the number 0, being set at all, a name ending in `-driver`,
+`Unconfined`."""
 _SAID = {
     "true": ": true is refused",
     "false": ": false is refused",
     "zero": ": 0 (root) is refused",
-    "nonempty": " is refused",
     "set": " is refused",
     "driver": ": *-driver is refused",
     "unconfined": ": Unconfined is refused",
@@ -204,7 +206,6 @@ class Escalation:
             "true": value is True,
             "false": value is False,
             "zero": value == 0 and not isinstance(value, bool),
-            "nonempty": isinstance(value, list) and len(value) > 0,
             "set": True,
             "driver": isinstance(value, str) and value.endswith("-driver"),
             "unconfined": isinstance(value, str) and value == "Unconfined",
@@ -233,21 +234,9 @@ ESCALATIONS: tuple[Escalation, ...] = (
         "true",
         "no process of a Ray pod may gain privileges: remove it or set false",
     ),
-    Escalation(
-        "container",
-        ("securityContext", "capabilities", "add"),
-        "nonempty",
-        "containers drop ALL capabilities and add none: remove capabilities.add",
-    ),
     Escalation("container", ("securityContext", "runAsUser"), "zero", _NON_ROOT),
     Escalation("container", ("securityContext", "runAsNonRoot"), "false", "the pod runs as non-root: remove it"),
     Escalation("container", ("securityContext", "seccompProfile", "type"), "unconfined", _SECCOMP),
-    Escalation(
-        "volume",
-        ("hostPath",),
-        "set",
-        "a Ray pod does not see the node's filesystem: use a persistentVolumeClaim, an emptyDir or a csi volume",
-    ),
     Escalation(
         "projection",
         ("serviceAccountToken",),
@@ -386,14 +375,17 @@ class Refusal:
     message: str
 
 
-def problems(fragment: Mapping[str, Any] | None, group: Group) -> list[Refusal]:
-    """Every rule of `RULES` that `fragment` breaks, in the fragment's order (labels, pod, volumes, containers)."""
+def problems(
+    fragment: Mapping[str, Any] | None, group: Group, allow: allowance.Allowance = allowance.NONE
+) -> list[Refusal]:
+    """Every rule of `RULES`, `ESCALATIONS` and `allowance.ALLOWABLE` that `fragment` breaks (the last ones unless
+    `allow` has the value), in the fragment's order (labels, pod, volumes, containers)."""
     if not fragment:
         return []
-    return list(_refusals(fragment, group))
+    return list(_refusals(fragment, group, allow))
 
 
-def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
+def _refusals(fragment: Mapping[str, Any], group: Group, allow: allowance.Allowance) -> Iterator[Refusal]:
     rules = [r for r in RULES if group in r.groups]
     escalations = [e for e in ESCALATIONS if group in e.groups]
     ray = ray_container(group)
@@ -411,6 +403,7 @@ def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
             if rule.node == "volume" and volume.get("name") == rule.name:
                 yield Refusal((*at, "name"), _message(rule, group))
         yield from _escalations(at, volume, "volume", escalations)
+        yield from _not_allowed(at, volume, "volume", allow)
         for s, source in enumerate(_items(_mapping(volume.get("projected")).get("sources"))):
             yield from _escalations((*at, "projected", "sources", s), source, "projection", escalations)
     for kind in CONTAINER_LISTS:
@@ -419,6 +412,7 @@ def _refusals(fragment: Mapping[str, Any], group: Group) -> Iterator[Refusal]:
             if kind == "containers":
                 yield from _container_refusals(at, container, container.get("name") == ray, rules, group)
             yield from _escalations(at, container, "container", escalations)
+            yield from _not_allowed(at, container, "container", allow)
             for m, mount in enumerate(_items(container.get("volumeMounts"))):
                 for rule in rules:
                     if rule.node == "mount" and _at_or_under(mount.get("mountPath"), rule.name):
@@ -444,6 +438,15 @@ def _escalations(
     for escalation in escalations:
         if escalation.node == where and escalation.breaks(node):
             yield Refusal((*at, *escalation.path), escalation.message)
+
+
+def _not_allowed(
+    at: tuple[str | int, ...], node: Mapping[str, Any], where: str, allow: allowance.Allowance
+) -> Iterator[Refusal]:
+    for allowable in allowance.ALLOWABLE:
+        if allowable.node == where:
+            for value in allowable.refused(node, allow):
+                yield Refusal((*at, *allowable.path), allowable.message(value))
 
 
 def _at_or_under(path: Any, owned: str) -> bool:
@@ -491,6 +494,8 @@ container of the `CONTAINER_LISTS` lists (`any-container`) and each one's `volum
 def cel_rules(group: Group) -> dict[Where, list[dict[str, str]]]:
     """The `x-kubernetes-validations` of each node of a group's template schema: the same `RULES` and
     `ESCALATIONS`, the same messages, each pointing at the field (`fieldPath`) so that the API server names it.
+    `allowance.ALLOWABLE` is not here: what the admin allows is the cluster's, and the CRD is the same in every
+    cluster (the chart's ValidatingAdmissionPolicy, rendered with the lists, checks those).
     Each rule looks at one node, never iterates a list: the API server's cost estimate refuses a rule that walks a
     container's mounts (the lists are unbounded), which is why a mount path is refused in every container, not
     only the Ray one."""
@@ -544,7 +549,6 @@ def _escalation_cel(escalation: Escalation) -> str:
         "true": f"{value} != true",
         "false": f"{value} != false",
         "zero": f"{value} != 0",
-        "nonempty": f"size({value}) == 0",
         "set": "",
         "driver": f"!{value}.endsWith('-driver')",
         "unconfined": f"{value} != 'Unconfined'",

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from trainingrun_operator import (
+    allowance,
     apiclient,
     decision,
     departures,
@@ -294,6 +295,7 @@ async def reconcile(
     metrics: metrics_.Exporter | None = None,
     network: netpolicy.Sources | None = netpolicy.DEFAULT,
     covered: set[str] | None = None,
+    allow: allowance.Allowance = allowance.NONE,
 ) -> float | None:
     """One pass over TrainingRun namespace/name; returns seconds until the next pass is due (None: on events).
 
@@ -308,7 +310,8 @@ async def reconcile(
     RayJob (None: the operator makes no NetworkPolicy). `covered`: the uids of the runs whose NetworkPolicy this
     operator process has ensured; a run not in it whose pods may be up (an attempt, not Succeeded or Failed) gets
     its policy ensured in this pass too, so that a run started before the operator made policies (or whose policy
-    was deleted) is closed once per operator process, not only at its next attempt.
+    was deleted) is closed once per operator process, not only at its next attempt. `allow`: what the cluster
+    admin allows in the pod templates (the chart's podSecurity.allow; `allowance.py`).
     """
     began, waited = time.monotonic(), 0.0
     try:
@@ -322,7 +325,9 @@ async def reconcile(
         run = read(obj)
         observed = await observe(api, namespace, name, run.meta.uid, run.status, jobs, pods, memory)
         waited = await _wait_until(not_before)
-        return await _decide_and_apply(api, namespace, name, obj, run, observed, clock, metrics, network, covered)
+        return await _decide_and_apply(
+            api, namespace, name, obj, run, observed, clock, metrics, network, covered, allow
+        )
     finally:
         if metrics is not None:
             metrics.reconciled(time.monotonic() - began - waited)
@@ -339,6 +344,7 @@ async def _decide_and_apply(
     metrics: metrics_.Exporter | None,
     network: netpolicy.Sources | None = None,
     covered: set[str] | None = None,
+    allow: allowance.Allowance = allowance.NONE,
 ) -> float | None:
     """The rest of `reconcile` once the reads are done: decide, write, act; the metrics after the write."""
     now, decided = clock(), time.monotonic()
@@ -353,6 +359,7 @@ async def _decide_and_apply(
             now=now,
             problem=run.problem,
             queue=queueing.queue_of(run.meta.labels),
+            allow=allow,
         )
     )
 

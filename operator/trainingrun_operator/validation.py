@@ -19,12 +19,14 @@ What `spec_problem` checks, beyond what the CRD's schema already did:
   a worker group, must be a JSON object of numbers with safe names (`RAY_RESOURCE_PATTERN`), which CEL cannot parse;
 - placement: the head must host the run state (`HEAD_STATE_CPUS` logical CPUs: `rayStartParams.num-cpus`, else what
   KubeRay derives from the CPU limit, else from the request);
-- pod templates: what the operator owns and what would escalate (privileged, host namespaces, hostPath, root, added
-  capabilities, a projected ServiceAccount token, a `*-driver` ServiceAccount: `podtemplate.problems`, the same
-  rules the CRD's CEL rules apply, so that `trainingrun run` says what `kubectl apply` says), a nodeSelector key
-  that the group and its template give
-  different values, and a mount of a volume that no one defines (the Pod's own validation, which would otherwise
-  fail only when KubeRay creates the pod).
+- pod templates: what the operator owns and what would escalate (privileged, host namespaces, root, a projected
+  ServiceAccount token, a `*-driver` ServiceAccount: `podtemplate.problems`, the same rules the CRD's CEL rules
+  apply, so that `trainingrun run` says what `kubectl apply` says; added capabilities and hostPath volumes unless
+  the cluster admin's allowance has them, as the chart's ValidatingAdmissionPolicy says: `allowance.py`), a
+  nodeSelector key that the group and its template give different values, and a mount of a volume that no one
+  defines (the Pod's own validation, which would otherwise fail only when KubeRay creates the pod).
+  The operator is given the allowance by the chart (its flags); `trainingrun run` allows nothing
+  (`allowance.NONE`).
 These are not CEL rules: CEL cannot parse JSON, and repeating KubeRay's num-cpus derivation (quantities that are
 integers or strings, rounded up) in CEL would be a second copy of it that `trainingrun run` (no API server) would
 not run. Here the decision core fails the run (Failed/InvalidSpec, the field and the fix in the message) before
@@ -54,7 +56,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from trainingrun_operator import model, podtemplate
+from trainingrun_operator import allowance, model, podtemplate
 from trainingrun_runtime.config import GENERATION_RESOURCE, RuntimeConfig
 
 __all__ = [
@@ -143,16 +145,16 @@ def _in_spec(loc: Loc) -> Loc:
     return ("spec", *loc)
 
 
-def _spec_problems(spec: model.TrainingRunSpec) -> list[Problem]:
+def _spec_problems(spec: model.TrainingRunSpec, allow: allowance.Allowance) -> list[Problem]:
     """Every problem of spec.trainer (and the checkpoint settings) against the runtime's RuntimeConfig, then every
-    problem of the Ray cluster's placement."""
+    problem of the Ray cluster's placement and of its pod templates (given what the admin allows)."""
     try:
         runtime_config(spec)
     except pydantic.ValidationError as exc:
         found = [dataclasses.replace(p, loc=_in_spec(p.loc)) for p in problems(exc, root=RuntimeConfig)]
     else:
         found = []
-    return found + _placement_problems(spec) + _template_problems(spec)
+    return found + _placement_problems(spec) + _template_problems(spec, allow)
 
 
 # ------------------------------------------------------------------------------------------ placement
@@ -303,30 +305,32 @@ def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
 # ------------------------------------------------------------------------------------------ pod templates
 
 
-def _template_problems(spec: model.TrainingRunSpec) -> list[Problem]:
-    """What each group's `template` must not say (see the module docstring)."""
+def _template_problems(spec: model.TrainingRunSpec, allow: allowance.Allowance) -> list[Problem]:
+    """What each group's `template` must not say (see the module docstring), but what `allow` allows."""
     groups: list[tuple[Loc, podtemplate.Group, model.RayGroup | model.WorkerGroup]] = [
         (("spec", "ray", "head"), "head", spec.ray.head)
     ]
     groups += [(("spec", "ray", "workers", i), "worker", g) for i, g in enumerate(spec.ray.workers or [])]
     found = []
     for at, kind, group in groups:
-        refused = podtemplate.problems(group.template, kind) + podtemplate.conflicts(
+        refused = podtemplate.problems(group.template, kind, allow) + podtemplate.conflicts(
             group.template, group.node_selector
         )
         found += [Problem((*at, "template", *r.loc), r.message, r.message) for r in refused]
     return found
 
 
-def spec_problem(spec: model.TrainingRunSpec) -> str | None:
-    """None if the spec can run, else 'spec.<field path>: <problem>' for the first problem found."""
-    found = _spec_problems(spec)
+def spec_problem(spec: model.TrainingRunSpec, allow: allowance.Allowance = allowance.NONE) -> str | None:
+    """None if the spec can run, else 'spec.<field path>: <problem>' for the first problem found. `allow`: what the
+    cluster admin allows in the pod templates (the operator's flags; nothing by default)."""
+    found = _spec_problems(spec, allow)
     return str(found[0]) if found else None
 
 
-def run_problems(obj: Mapping[str, Any]) -> list[Problem]:
+def run_problems(obj: Mapping[str, Any], allow: allowance.Allowance = allowance.NONE) -> list[Problem]:
     """Every invalid field of a TrainingRun object, at once: the model (the CRD's mirror) and spec.trainer against
-    RuntimeConfig, as the operator checks them. A spec the model rejects still has its trainer checked."""
+    RuntimeConfig, as the operator checks them (with `allow`; `trainingrun run` allows nothing). A spec the model
+    rejects still has its trainer checked."""
     try:
         run = model.TrainingRun.model_validate(obj)
     except pydantic.ValidationError as exc:
@@ -339,7 +343,7 @@ def run_problems(obj: Mapping[str, Any]) -> list[Problem]:
             except pydantic.ValidationError as trainer_exc:
                 found += problems(trainer_exc, ("spec",), root=RuntimeConfig)
         return found
-    return _spec_problems(run.spec)
+    return _spec_problems(run.spec, allow)
 
 
 # -------------------------------------------------------------------------------- for a person to read

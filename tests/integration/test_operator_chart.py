@@ -47,6 +47,8 @@ def test_the_rendered_chart_applies_with_a_server_side_dry_run(control_plane: An
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
@@ -147,9 +149,13 @@ def test_the_prometheusrule_carries_the_alerts_with_the_values_thresholds_and_th
 def test_the_grafana_dashboard_ships_as_a_configmap_for_the_sidecar_when_asked(
     control_plane: Any, namespace: str
 ) -> None:
-    assert "ConfigMap" not in by_kind(render(control_plane, "gd", namespace)), "off by default"
+    def dashboards_in(rendered: str) -> list[dict[str, Any]]:
+        docs = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap"]
+        return [d for d in docs if "trainingrun.json" in d.get("data", {})]  # not the pod security allow-list
+
+    assert dashboards_in(render(control_plane, "gd", namespace)) == [], "off by default"
     rendered = render(control_plane, "gd", namespace, "--set", "metrics.grafanaDashboard.enabled=true")
-    configmap = by_kind(rendered)["ConfigMap"]
+    (configmap,) = dashboards_in(rendered)
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(configmap["data"]["trainingrun.json"]) == dashboards.load()
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
@@ -190,6 +196,49 @@ def test_the_operators_own_network_policy_admits_its_metrics_port_only_from_the_
         "--set", f"watchNamespaces={{{namespace}}}", "--set", "networkPolicy.dashboardPort=8265",
     )  # fmt: skip
     assert gone.returncode != 0 and "networkPolicy.metricsNamespaces" in gone.stderr
+
+
+LISTS = ("capabilities", "hostPaths")
+"""The policy's variables that hold the allow-list (`allowance.AllowList`)."""
+
+
+def test_the_pod_security_allow_list_reaches_the_policys_expressions_and_the_operators_flags_alike(
+    control_plane: Any, namespace: str
+) -> None:
+    """podSecurity.allow: the same normalized lists in the admission policy's expressions and in the operator's
+    flags (which parse to the same allowance); an entry that cannot be one fails the render, naming it."""
+    text = render(
+        control_plane, "ps", namespace,
+        "--set-json", 'podSecurity.allow.capabilities=["IPC_LOCK","SYS_RESOURCE"]',
+        "--set-json", 'podSecurity.allow.hostPaths=["/dev/infiniband/","/opt/drivers"]',
+    )  # fmt: skip
+    rendered = by_kind(text)
+
+    def lists(docs: str) -> dict[str, str]:
+        (policy,) = [
+            d
+            for d in yaml.safe_load_all(docs)
+            if d and d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-pod-security")
+        ]
+        return {v["name"]: v["expression"] for v in policy["spec"]["variables"] if v["name"] in LISTS}
+
+    empty = {"capabilities": "''.split(',').filter(c, c != '')", "hostPaths": "''.split(',').filter(p, p != '')"}
+    assert lists(render(control_plane, "ps", namespace)) == empty, "empty by default"
+    assert lists(text) == {
+        "capabilities": "'IPC_LOCK,SYS_RESOURCE'.split(',').filter(c, c != '')",
+        "hostPaths": "'/dev/infiniband,/opt/drivers'.split(',').filter(p, p != '')",
+    }
+    args = rendered["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--allow-capabilities=IPC_LOCK,SYS_RESOURCE" in args
+    assert "--allow-host-paths=/dev/infiniband,/opt/drivers" in args
+    for values, says in (
+        ('podSecurity.allow.hostPaths=["/"]', 'podSecurity.allow.hostPaths: "/"'),
+        ('podSecurity.allow.hostPaths=["/dev/../etc"]', 'podSecurity.allow.hostPaths: "/dev/../etc"'),
+        ('podSecurity.allow.capabilities=["ALL"]', 'podSecurity.allow.capabilities: "ALL"'),
+        ('podSecurity.allow.hostPaths=["/dev/a\'b"]', 'podSecurity.allow.hostPaths: "/dev/a\'b"'),
+    ):
+        refused = helm(control_plane, "template", "ps", str(CHART), "--kube-version", "1.35.0", "--set-json", values)
+        assert refused.returncode != 0 and says in refused.stderr, refused.stderr
 
 
 def test_manifests_do_not_drift_from_the_chart(control_plane: Any) -> None:

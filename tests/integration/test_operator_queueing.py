@@ -107,8 +107,14 @@ def admission_policy(namespace: str) -> list[dict[str, Any]]:
     """The shipped policy, and its binding renamed and narrowed to `namespace` (other tests create such runs on
     purpose, to see the operator fail them)."""
     docs = [d for d in yaml.safe_load_all(RENDERED.read_text()) if d]
-    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (policy,) = [
+        d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-kueue")
+    ]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
     binding["metadata"]["name"] = f"{binding['metadata']['name']}-{namespace}"
     binding["spec"]["matchResources"] = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}

@@ -223,7 +223,9 @@ REFUSED = [
         f"{_HEAD}.spec.containers[0].image",
         "name the entry ray-head",
     ),
-    # Escalations (`podtemplate.ESCALATIONS`): what would let a run's pod harm the node or another run.
+    # Escalations (`podtemplate.ESCALATIONS`): what would let a run's pod harm the node or another run. Added
+    # capabilities and hostPath volumes are refused unless the admin allows them, by the chart's admission policy
+    # and not the CRD: `NOT_ALLOWED` below.
     Refused(
         "a privileged Ray container",
         "worker",
@@ -232,11 +234,11 @@ REFUSED = [
         "unprivileged",
     ),
     Refused(
-        "an added capability",
+        "an allowPrivilegeEscalation",
         "head",
-        _ray("head", securityContext={"capabilities": {"add": ["SYS_ADMIN"]}}),
-        f"{_HEAD}.spec.containers[0].securityContext.capabilities.add",
-        "drop ALL",
+        _ray("head", securityContext={"allowPrivilegeEscalation": True}),
+        f"{_HEAD}.spec.containers[0].securityContext.allowPrivilegeEscalation",
+        "gain privileges",
     ),
     Refused(
         "root in an init container",
@@ -246,13 +248,7 @@ REFUSED = [
         "non-root",
     ),
     Refused("the node's PID namespace", "worker", {"spec": {"hostPID": True}}, f"{_WORKER}.spec.hostPID", "process"),
-    Refused(
-        "a hostPath of /",
-        "worker",
-        {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
-        f"{_WORKER}.spec.volumes[0].hostPath",
-        "node's filesystem",
-    ),
+    Refused("the node's network", "head", {"spec": {"hostNetwork": True}}, f"{_HEAD}.spec.hostNetwork", "network"),
     Refused(
         "a projected token",
         "worker",
@@ -282,3 +278,42 @@ REFUSED = [
         "/checkpoints",
     ),
 ]
+
+
+def _volume(path: str) -> dict[str, Any]:
+    return {"spec": {"volumes": [{"name": "devices", "hostPath": {"path": path}}]}}
+
+
+NOT_ALLOWED = [
+    # What the cluster admin's allow-list (the chart's podSecurity.allow, `allowance.ALLOWABLE`) refuses when empty:
+    # refused by the operator (`validation.py`) and by the chart's ValidatingAdmissionPolicy, not by the CRD.
+    Refused(
+        "an added capability",
+        "head",
+        _ray("head", securityContext={"capabilities": {"add": ["IPC_LOCK"]}}),
+        f"{_HEAD}.spec.containers[0].securityContext.capabilities.add",
+        "IPC_LOCK is not in the cluster's allow-list (podSecurity.allow.capabilities",
+    ),
+    Refused(
+        "a capability in a worker's init container",
+        "worker",
+        {"spec": {"initContainers": [{"name": "setup", "image": "b:1", "securityContext": {
+            "capabilities": {"add": ["SYS_ADMIN"]}}}]}},
+        f"{_WORKER}.spec.initContainers[0].securityContext.capabilities.add",
+        "SYS_ADMIN is not in the cluster's allow-list",
+    ),
+    Refused(
+        "a hostPath of /",
+        "worker",
+        _volume("/"),
+        f"{_WORKER}.spec.volumes[0].hostPath.path",
+        "/ is not at or under a path in the cluster's allow-list (podSecurity.allow.hostPaths",
+    ),
+    Refused(
+        "a device hostPath",
+        "head",
+        _volume("/dev/infiniband"),
+        f"{_HEAD}.spec.volumes[0].hostPath.path",
+        "persistentVolumeClaim",
+    ),
+]  # fmt: skip

@@ -256,6 +256,29 @@ def test_the_network_policy_flags_become_the_sources_of_every_run_s_policy(monke
     assert operator_settings(monkeypatch, "--no-network-policy")["network"] is None
 
 
+def test_the_allow_list_flags_become_the_allowance_of_every_run_s_templates(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainingrun_operator import allowance
+
+    assert operator_settings(monkeypatch)["allow"] == allowance.NONE
+    given = operator_settings(monkeypatch, "--allow-capabilities=IPC_LOCK,SYS_RESOURCE", "--allow-host-paths=/dev/x/")
+    assert given["allow"] == allowance.Allowance(frozenset({"IPC_LOCK", "SYS_RESOURCE"}), ("/dev/x",))
+    assert operator_settings(monkeypatch, "--allow-capabilities=", "--allow-host-paths=")["allow"] == allowance.NONE
+
+
+@pytest.mark.parametrize(
+    ("flag", "says"),
+    [
+        ("--allow-host-paths=/", "--allow-host-paths: host path '/': an absolute directory other than /"),
+        ("--allow-capabilities=IPC_LOCK,ALL", "--allow-capabilities: capability 'ALL': a capability's name"),
+    ],
+)
+def test_an_allow_list_flag_entry_that_cannot_be_one_is_named_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], flag: str, says: str
+) -> None:
+    code, err = trainingrun(capsys, "operator", flag)
+    assert code == 2 and err.startswith(f"trainingrun operator: error: {says}"), err
+
+
 @pytest.mark.parametrize("label", ["app", "=kuberay"])
 def test_a_kuberay_label_that_is_not_key_equals_value_is_named_before_anything_starts(
     capsys: pytest.CaptureFixture[str], label: str

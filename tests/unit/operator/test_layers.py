@@ -24,6 +24,7 @@ PURE = [
     "watchdog",
     "rayjob",
     "podtemplate",
+    "allowance",
     "identity",
     "netpolicy",
     "departures",

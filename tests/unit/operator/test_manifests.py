@@ -61,5 +61,7 @@ def test_the_rendered_manifests_declare_their_source() -> None:
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]

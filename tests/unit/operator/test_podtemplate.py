@@ -311,16 +311,17 @@ ESCALATING = [  # (id, group, fragment, the field the refusal names, words of it
     ("privilege escalation in an init container", "worker",
      _in("initContainers", "setup", **_context(allowPrivilegeEscalation=True)),
      f"{_W}.initContainers.0.securityContext.allowPrivilegeEscalation", "gain privileges"),
+    # Without an allowance (`allowance.NONE`, the chart's default): an added capability and a hostPath, as before.
     ("an added capability", "worker", _in("containers", "ray-worker", **_context(capabilities={"add": ["IPC_LOCK"]})),
-     f"{_W}.containers.0.securityContext.capabilities.add", "drop ALL capabilities"),
+     f"{_W}.containers.0.securityContext.capabilities.add", "IPC_LOCK is not in the cluster's allow-list"),
     ("a capability in an ephemeral container", "head",
      _in("ephemeralContainers", "debug", **_context(capabilities={"add": ["SYS_ADMIN"]})),
-     f"{_H}.ephemeralContainers.0.securityContext.capabilities.add", "remove capabilities.add"),
+     f"{_H}.ephemeralContainers.0.securityContext.capabilities.add", "remove it, or ask your cluster admin"),
     ("the node's PID namespace", "worker", {"spec": {"hostPID": True}}, f"{_W}.hostPID", "process namespace"),
     ("the node's network", "head", {"spec": {"hostNetwork": True}}, f"{_H}.hostNetwork", "network namespace"),
     ("the node's IPC namespace", "worker", {"spec": {"hostIPC": True}}, f"{_W}.hostIPC", "IPC namespace"),
     ("a hostPath of /", "worker", {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
-     f"{_W}.volumes.0.hostPath", "the node's filesystem"),
+     f"{_W}.volumes.0.hostPath.path", "/ is not at or under a path in the cluster's allow-list"),
     ("a projected ServiceAccount token", "worker",
      {"spec": {"volumes": [{"name": "t", "projected": {"sources": [
          {"configMap": {"name": "c"}}, {"serviceAccountToken": {"path": "token"}}]}}]}},
@@ -419,7 +420,7 @@ def _breaking_every_rule(group: podtemplate.Group) -> dict[str, Any]:
     ray_keys = {r.name: "x" for r in rules if r.node == "ray-container"}
     mounts = [{"name": "v", "mountPath": r.name} for r in rules if r.node == "mount"]
     nodes: dict[str, dict[str, Any]] = {"pod": {}, "container": {}, "volume": {}, "projection": {}}
-    bad = {"true": True, "false": False, "zero": 0, "nonempty": ["X"], "set": {}, "driver": "other-driver"}
+    bad = {"true": True, "false": False, "zero": 0, "set": {}, "driver": "other-driver"}
     bad["unconfined"] = "Unconfined"
     for escalation in (e for e in podtemplate.ESCALATIONS if group in e.groups):
         node = nodes[escalation.node]

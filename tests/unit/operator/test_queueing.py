@@ -32,8 +32,14 @@ def test_a_queued_rayjob_carries_the_queue_and_the_priority_class_labels() -> No
 
 def test_the_shipped_admission_policy_checks_the_same_limits_as_the_operator() -> None:
     docs: list[dict[str, Any]] = [d for d in yaml.safe_load_all(RENDERED.read_text()) if d]
-    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (policy,) = [
+        d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith("-kueue")
+    ]
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"]["policyName"] == policy["metadata"]["name"]
+    ]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     spec = policy["spec"]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import errors, metrics, patching, reconciler, wakeups
+from trainingrun_operator import allowance, errors, metrics, patching, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
@@ -330,6 +330,33 @@ async def test_a_pass_woken_long_before_it_is_due_decides_at_once() -> None:
     )
     assert "start create rayjob" not in api.log and time.monotonic() - started < 0.1
     assert requeue is not None and 0.8 < requeue <= 1.0
+
+
+async def test_a_template_adding_a_capability_fails_the_run_unless_the_admins_allowance_has_it() -> None:
+    def adding_ipc_lock() -> dict[str, Any]:
+        run = tiny()
+        context = {"capabilities": {"add": ["IPC_LOCK"]}}
+        run["spec"]["ray"]["head"]["template"] = {
+            "spec": {"containers": [{"name": "ray-head", "securityContext": context}]}
+        }
+        return run
+
+    refused = FakeApi(adding_ipc_lock())
+    await reconciler.reconcile(refused, "ns", "tiny", lambda: NOW)  # type: ignore[arg-type]
+    status = refused.run["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec")
+    assert status["message"].startswith(
+        "spec.ray.head.template.spec.containers.0.securityContext.capabilities.add: IPC_LOCK is not in the cluster's"
+    )
+    assert "start create rayjob" not in refused.log
+
+    allowed = FakeApi(adding_ipc_lock())
+    allow = allowance.parse(["IPC_LOCK"])
+    await reconciler.reconcile(allowed, "ns", "tiny", lambda: NOW, allow=allow)  # type: ignore[arg-type]
+    assert allowed.run["status"]["phase"] != "Failed" and "start create rayjob" in allowed.log
+    (job,) = [body for (kind, _), body in allowed.objects.items() if kind == "RayJob"]
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"], "drop": ["ALL"]}
 
 
 async def test_a_run_that_does_not_parse_fails_once_naming_its_first_invalid_field_and_its_rayjob_goes() -> None:
