@@ -10,7 +10,8 @@ Ray and TransferQueue (2 storage units), it measures what a user pays for:
          (`commit.sync_and_hash`, what the bundle commit does); against writing the same number of raw
          bytes to one file + fsync;
 - load:  a verified restore of the data plane: `verification.verify` of the step (every checksum, every
-         file read cold), then `BootstrapDataPlane.load_checkpoint` into a fresh TransferQueue;
+         file read cold), then `BootstrapDataPlane.load_checkpoint` into a fresh TransferQueue (each
+         process checking the file it reads through the descriptor it reads, as the driver's restore does);
          against a cold read of the same number of raw bytes (pages dropped with posix_fadvise);
 - checkpoint save/restore: the same with everything else the controller and the driver's setup do
          for the data plane (replay index capture and index file, inventory check, manifest, rename;
@@ -447,13 +448,14 @@ def measure(mib: int, workdir: Path, repeats: int) -> dict[str, Any]:
                 # The driver's restore: select (checksums, index file, index preflight), then the load.
                 chosen = checkpointer.select(root, "bench", config=config, storage_units=UNITS, step=i + 1)
                 assert chosen is not None
-                token, _ = fresh.load_checkpoint(chosen.verified.data_plane)
+                token, _ = fresh.load_checkpoint(chosen.verified.data_plane, chosen.verified.entries(layout.DATA_PLANE))
                 ckpt_loads.append(time.perf_counter() - started)
             else:
                 # The data plane alone: every checksum of the step verified, then TransferQueue's load.
-                verification.verify(step_dir)
+                opened = verification.open_verified(step_dir)
                 verified = time.perf_counter()
-                token, _ = fresh.load_checkpoint(step_dir / layout.DATA_PLANE)
+                # As the driver loads: each process reads its file through the descriptor it checks again.
+                token, _ = fresh.load_checkpoint(step_dir / layout.DATA_PLANE, opened.entries(layout.DATA_PLANE))
                 loads.append(time.perf_counter() - started)
                 part("load_verify_s", verified - started)
                 part("load_tq_s", time.perf_counter() - verified)
