@@ -41,6 +41,9 @@ import errors
 
 TESTBED_NODES = 2
 
+# The per-file and per-marker time tables at the end of each run (tests/support/timing.py).
+pytest_plugins = ["support.timing"]
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks every test that uses the test bed (the `control_plane` fixture, itself or through another) `cluster`.
