@@ -35,7 +35,7 @@ import kubernetes.config
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from trainingrun_operator import errors, model, naming
+from trainingrun_operator import errors, events, model, naming
 from trainingrun_runtime import timestamps
 
 __all__ = ["Api", "load_configuration"]
@@ -332,8 +332,8 @@ class Api:
 
     # ------------------------------------------------------------------------------------ events
 
-    async def post_event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the TrainingRun (what `kubectl describe trun` shows)."""
+    async def post_event(self, run: Mapping[str, Any], type_: events.Type, reason: events.Reason, message: str) -> None:
+        """A core/v1 Event on the TrainingRun (what `kubectl describe trun` shows); `events.py` has every reason."""
         meta = run["metadata"]
         now = timestamps.now(timespec="seconds")  # what the API server keeps of an event's time
         body = {
@@ -348,8 +348,8 @@ class Api:
                 "uid": meta.get("uid"),
                 "resourceVersion": meta.get("resourceVersion"),
             },
-            "type": type_,
-            "reason": reason,
+            "type": type_.value,
+            "reason": reason.value,
             "message": message[:1024],
             "source": {"component": naming.MANAGED_BY},
             "firstTimestamp": now,
@@ -358,7 +358,7 @@ class Api:
             "reportingComponent": naming.MANAGED_BY,
         }
         await self._call(
-            f"post event {reason} on {meta['namespace']}/{meta['name']}",
+            f"post event {reason.value} on {meta['namespace']}/{meta['name']}",
             self._core.create_namespaced_event,
             meta["namespace"],
             body,

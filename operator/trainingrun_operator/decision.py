@@ -48,6 +48,7 @@ from typing import Any
 from trainingrun_operator import (
     allowance,
     conditions,
+    events,
     model,
     naming,
     patching,
@@ -77,18 +78,8 @@ __all__ = [
     "decide",
 ]
 
-QUEUED = "Queued"
-"""The event and the reason of a run whose attempt waits for Kueue's admission."""
-INVALID_SPEC = "InvalidSpec"
-"""The event, the reason and the attempt's end of a run whose spec cannot run as it is (`validation`, a problem
-found while parsing, a restore refused because spec.trainer changed the checkpoint's math)."""
-ADMITTED = "Admitted"
-"""The event when Kueue admits a queued attempt."""
-
 MAX_CHECKPOINT_HISTORY = 20
 PREEMPTION_NOTICE = "PreemptionNotice"
-CHECKPOINT_CORRUPT = "CheckpointCorrupt"
-"""The event for a recorded checkpoint the driver passed over because it failed verification."""
 """A checkpoint's reason when the driver saved it on the head pod's notice (`trainingrun_runtime.driver.notice`)."""
 MAX_ATTEMPT_HISTORY = 100
 MAX_LOST_WORKER_PODS = 100  # the CRD's maxItems; above departures.MAX_PER_RUN, so a remembered pod keeps its name
@@ -156,10 +147,10 @@ class DeleteRayJob:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """A Kubernetes event on the TrainingRun (type Normal or Warning)."""
+    """A Kubernetes event on the TrainingRun (`events.py`: every reason and type)."""
 
-    type: str
-    reason: str
+    type: events.Type
+    reason: events.Reason
     message: str
 
 
@@ -202,7 +193,7 @@ class _Pass:
     def update(self, **fields: Any) -> None:
         self.status = self.status.model_copy(update=fields)
 
-    def emit(self, kind: str, reason: str, message: str) -> None:
+    def emit(self, kind: events.Type, reason: events.Reason, message: str) -> None:
         self.actions.append(Event(kind, reason, message))
 
     def wait(self, seconds: float) -> None:
@@ -256,8 +247,8 @@ class _Pass:
         self.update(checkpoints=book.model_copy(update={"bad": bad}))
         for step, b in sorted(new.items(), reverse=True):
             self.emit(
-                "Warning",
-                CHECKPOINT_CORRUPT,
+                events.Type.WARNING,
+                events.Reason.CHECKPOINT_CORRUPT,
                 f"attempt {attempt.number}: checkpoint step {step} failed verification and was passed over: "
                 f"{b.problem or 'no detail'}",
             )
@@ -273,7 +264,7 @@ class _Pass:
         if report.attempt != attempt.number:
             return  # a stale attempt's report: never recorded (fencing)
         late_notice = self._late_notice_checkpoint(report, attempt)
-        if attempt.end is not None and attempt.reason != "Succeeded" and not late_notice:
+        if attempt.end is not None and attempt.reason != events.Reason.SUCCEEDED and not late_notice:
             # The attempt ended (preempted, failed, suspended) and the next one may already be pinned to a step:
             # its driver may still be alive (a partitioned node), so nothing it says is recorded any more. A
             # succeeded attempt's final report may be read after the RayJob's completion; that one counts.
@@ -291,12 +282,14 @@ class _Pass:
         if ckpt.attempt == attempt.number:
             self.update(consecutive_failures=0)  # an attempt that produced a checkpoint resets the count
         self.emit(
-            "Normal", "CheckpointRecorded", f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}"
+            events.Type.NORMAL,
+            events.Reason.CHECKPOINT_RECORDED,
+            f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}",
         )
         if ckpt.reason == PREEMPTION_NOTICE:
             self.emit(
-                "Normal",
-                PREEMPTION_NOTICE,
+                events.Type.NORMAL,
+                events.Reason.PREEMPTION_NOTICE,  # the value of the checkpoint reason above (the driver's)
                 f"attempt {ckpt.attempt} saved step {ckpt.step} on the head pod's notice (its preStop hook) and "
                 "stops; the next attempt resumes from it",
             )
@@ -362,8 +355,8 @@ class _Pass:
         self.update(attempt=attempt.model_copy(update={"workers_lost": before + len(new), "lost_worker_pods": names}))
         for n, worker in enumerate(new, start=before + 1):
             self.emit(
-                "Warning",
-                "WorkerLost",
+                events.Type.WARNING,
+                events.Reason.WORKER_LOST,
                 f"attempt {attempt.number}: worker pod {worker.name} lost ({worker.cause}); {n} lost in this attempt",
             )
 
@@ -407,7 +400,7 @@ class _Pass:
     def start_attempt(self) -> None:
         possible, resume = self.resume_point()
         if not possible:
-            self.fail("NoRestorableCheckpoint", "every recorded checkpoint failed to restore")
+            self.fail(events.Reason.NO_RESTORABLE_CHECKPOINT, "every recorded checkpoint failed to restore")
             return
         number = (self.attempt.number if self.attempt else 0) + 1
         name = naming.rayjob_name(self.inputs.run, number)
@@ -429,11 +422,13 @@ class _Pass:
         hashes = self.manifest_hashes(resume, fallback)
         self.actions.append(CreateAttempt(number, name, resume, fallback, queue, manifest_blake3=hashes))
         where = f"checkpoint step {resume}" if resume is not None else "the newest checkpoint on the volume, if any"
-        self.emit("Normal", "AttemptStarted", f"attempt {number} (RayJob {name}) resumes from {where}")
+        self.emit(
+            events.Type.NORMAL, events.Reason.ATTEMPT_STARTED, f"attempt {number} (RayJob {name}) resumes from {where}"
+        )
         if queue is not None:
             self.enter_queue()
         else:
-            self.move(Phase.STARTING, "AttemptStarted", f"attempt {number} starting")
+            self.move(Phase.STARTING, events.Reason.ATTEMPT_STARTED.value, f"attempt {number} starting")
 
     def end_attempt(self, reason: str, detail: str) -> None:
         attempt = self.attempt
@@ -455,25 +450,26 @@ class _Pass:
 
     # -- outcomes
 
-    def fail(self, reason: str, message: str) -> None:
+    def fail(self, reason: events.Reason, message: str) -> None:
         self.delete_current_rayjob()
         self.update(completion_time=self.now, next_attempt_time=None)
-        self.emit("Warning", reason, message)
-        self.move(Phase.FAILED, reason, message)
+        self.emit(events.Type.WARNING, reason, message)
+        self.move(Phase.FAILED, reason.value, message)
 
     def succeed(self, detail: str) -> None:
-        self.end_attempt("Succeeded", detail)
+        succeeded = events.Reason.SUCCEEDED
+        self.end_attempt(succeeded.value, detail)
         self.update(completion_time=self.now)
-        self.emit("Normal", "Succeeded", f"attempt {self.attempt.number if self.attempt else '?'}: {detail}")
-        self.move(Phase.SUCCEEDED, "Succeeded", detail)
+        self.emit(events.Type.NORMAL, succeeded, f"attempt {self.attempt.number if self.attempt else '?'}: {detail}")
+        self.move(Phase.SUCCEEDED, succeeded.value, detail)
 
     def attempt_failed(self, outcome: Outcome) -> None:
         assert outcome.failure is not None
         if outcome.invalid_spec:
             # The spec, not the attempt, is at fault (a restore refused under a changed spec.trainer): no retry can
             # help, no budget is charged, and the checkpoint is good: under the spec that wrote it, it resumes.
-            self.end_attempt(INVALID_SPEC, outcome.detail)
-            self.fail(INVALID_SPEC, outcome.detail)
+            self.end_attempt(events.Reason.INVALID_SPEC.value, outcome.detail)
+            self.fail(events.Reason.INVALID_SPEC, outcome.detail)
             return
         failure = outcome.failure
         self.end_attempt(failure.value, outcome.detail)
@@ -492,11 +488,11 @@ class _Pass:
         )
         self.update(restarts=charged.restarts, consecutive_failures=charged.consecutive_failures)
         number = self.attempt.number if self.attempt else 0
-        self.emit("Warning", failure.value, f"attempt {number} ended: {outcome.detail}")
+        self.emit(events.Type.WARNING, events.for_failure(failure), f"attempt {number} ended: {outcome.detail}")
         if permanent:
-            self.fail("PermanentFailure", f"{failure.value}: {outcome.detail} (retrying cannot help)")
+            self.fail(events.Reason.PERMANENT_FAILURE, f"{failure.value}: {outcome.detail} (retrying cannot help)")
         elif charged.exhausted:
-            self.fail("BudgetExhausted", f"{failure.value}: {outcome.detail}; {charged.exhausted}")
+            self.fail(events.Reason.BUDGET_EXHAUSTED, f"{failure.value}: {outcome.detail}; {charged.exhausted}")
         else:
             wake = self.inputs.now + datetime.timedelta(seconds=charged.delay_seconds)
             self.update(next_attempt_time=timestamps.rfc3339(wake))  # to the millisecond: backoffs below 1 s
@@ -505,7 +501,7 @@ class _Pass:
                 failure.value,
                 f"attempt {number} ended ({outcome.detail}); next attempt in {charged.delay_seconds:g}s",
             )
-            self.emit("Normal", "Restarting", self.message)
+            self.emit(events.Type.NORMAL, events.Reason.RESTARTING, self.message)
             self.wait(min(POLL_SECONDS, charged.delay_seconds))
 
     def _mark_bad_resume_point(self) -> bool:
@@ -523,11 +519,13 @@ class _Pass:
 
     def suspend(self) -> None:
         if self.phase in (Phase.QUEUED, Phase.STARTING, Phase.RUNNING):
-            self.end_attempt("Suspended", "spec.suspend is true")
+            self.end_attempt(events.Reason.SUSPENDED.value, "spec.suspend is true")
             self.delete_current_rayjob()
         self.update(next_attempt_time=None)
-        self.emit("Normal", "Suspended", "spec.suspend is true; no attempt runs, checkpoints are kept")
-        self.move(Phase.SUSPENDED, "Suspended", "spec.suspend is true")
+        self.emit(
+            events.Type.NORMAL, events.Reason.SUSPENDED, "spec.suspend is true; no attempt runs, checkpoints are kept"
+        )
+        self.move(Phase.SUSPENDED, events.Reason.SUSPENDED.value, "spec.suspend is true")
 
     def context(self, running: bool) -> Context:
         attempt, policy = self.attempt, self.spec.restart_policy
@@ -569,8 +567,8 @@ class _Pass:
         number = attempt.number if attempt else 0
         if attempt is not None:
             self.update(attempt=attempt.model_copy(update={"running_since": self.now}))
-        self.emit("Normal", "AttemptRunning", f"attempt {number} is running")
-        self.move(Phase.RUNNING, "AttemptRunning", f"attempt {number} is running")
+        self.emit(events.Type.NORMAL, events.Reason.ATTEMPT_RUNNING, f"attempt {number} is running")
+        self.move(Phase.RUNNING, events.Reason.ATTEMPT_RUNNING.value, f"attempt {number} is running")
 
     def _watch_for_stalls(self) -> None:
         """A Running attempt under the stall watchdog: look again when its deadline would pass, since the driver's
@@ -630,8 +628,8 @@ class _Pass:
             where = f"a queue that suspended it (the run has no {queueing.QUEUE_LABEL} label)"
         message = f"attempt {number} (RayJob {name}) waits for Kueue to admit it in {where}"
         if self.phase is not Phase.QUEUED:
-            self.emit("Normal", QUEUED, message)
-        self.move(Phase.QUEUED, QUEUED, message)
+            self.emit(events.Type.NORMAL, events.Reason.QUEUED, message)
+        self.move(Phase.QUEUED, events.Reason.QUEUED.value, message)
 
     def on_queued(self) -> None:
         """Queued: wait for Kueue to unsuspend the RayJob; nothing runs, so no deadline applies and nothing is
@@ -658,8 +656,9 @@ class _Pass:
         started = _parse(attempt.start)
         if started is not None:
             waited = f" after {max(0.0, (self.inputs.now - started).total_seconds()):.0f}s in the queue"
-        self.emit("Normal", ADMITTED, f"attempt {attempt.number} (RayJob {attempt.ray_job_name}) admitted{waited}")
-        self.move(Phase.STARTING, ADMITTED, f"attempt {attempt.number} admitted; starting")
+        admitted = f"attempt {attempt.number} (RayJob {attempt.ray_job_name}) admitted{waited}"
+        self.emit(events.Type.NORMAL, events.Reason.ADMITTED, admitted)
+        self.move(Phase.STARTING, events.Reason.ADMITTED.value, f"attempt {attempt.number} admitted; starting")
 
     def on_waiting(self) -> None:
         """Restarting or Suspended(unsuspended): start the next attempt once the old pods are gone."""
@@ -719,8 +718,8 @@ def decide(inputs: Inputs) -> Decision:
         return _conditions_and_patch(p, inputs.status)
     problem = inputs.problem or validation.spec_problem(p.spec, inputs.allow) or queueing.problem(p.spec, inputs.queue)
     if problem is not None:
-        p.end_attempt(INVALID_SPEC, problem)
-        p.fail(INVALID_SPEC, problem)
+        p.end_attempt(events.Reason.INVALID_SPEC.value, problem)
+        p.fail(events.Reason.INVALID_SPEC, problem)
         return _conditions_and_patch(p, inputs.status)
     p.fold_runtime_report()
     for name in p.observed.other_rayjobs:

@@ -36,6 +36,7 @@ from trainingrun_operator import (
     apiclient,
     departures,
     errors,
+    events,
     metrics,
     model,
     naming,
@@ -54,7 +55,6 @@ FINALIZER = f"{PREFIX}/finalizer"
 RESYNC_SECONDS = 120.0  # a pass even without events: a safety net, not the mechanism
 MAX_ERROR_DELAY = 60.0
 READ_AHEAD = 0.1  # a requested pass reads this much before it is due, and decides when due
-FAILED_TO_RECONCILE = "FailedToReconcile"  # the Warning event's reason for a pass that failed unexpectedly
 
 
 @dataclasses.dataclass
@@ -219,13 +219,13 @@ async def _post_failure(api: apiclient.Api, run: kopf.Body, exc: Exception, requ
     """A Warning event on `run` for a pass that failed unexpectedly; best effort, as every event we post."""
     message = f"reconcile failed unexpectedly ({type(exc).__name__}: {exc}); retrying in {requeue:.1f}s"
     try:
-        await api.post_event(run, "Warning", FAILED_TO_RECONCILE, message)
+        await api.post_event(run, events.Type.WARNING, events.Reason.FAILED_TO_RECONCILE, message)
     except Exception as post_exc:  # the run's supervision outlives its events
         logger.warning(
             "%s/%s: could not post event %s: %s",
             run.metadata.namespace,
             run.metadata.name,
-            FAILED_TO_RECONCILE,
+            events.Reason.FAILED_TO_RECONCILE,
             post_exc,
         )
 

@@ -53,6 +53,7 @@ from trainingrun_operator import (
     decision,
     driver_process,
     errors,
+    events,
     model,
     patching,
     processes,
@@ -336,11 +337,10 @@ class LocalRun:
 
     def event(self, event: decision.Event) -> None:
         now = timestamps.rfc3339(self.clock(), timespec="seconds")
+        kind, reason = event.type.value, event.reason.value  # what the API server would keep: the wire values
         with open(self.dir / "events.jsonl", "a") as out:
-            out.write(
-                json.dumps({"time": now, "type": event.type, "reason": event.reason, "message": event.message}) + "\n"
-            )
-        print(f"{now} {event.type:7} {event.reason}: {event.message}", file=self.console, flush=True)
+            out.write(json.dumps({"time": now, "type": kind, "reason": reason, "message": event.message}) + "\n")
+        print(f"{now} {kind:7} {reason}: {event.message}", file=self.console, flush=True)
 
     # ----------------------------------------------------------------------------------------- loop
 
@@ -353,7 +353,9 @@ class LocalRun:
                 assert proc is not None
                 self.event(
                     decision.Event(
-                        "Warning", "ChaosKill", f"--chaos: SIGKILL to attempt {proc.attempt}'s driver (pid {proc.pid})"
+                        events.Type.WARNING,
+                        events.Reason.CHAOS_KILL,
+                        f"--chaos: SIGKILL to attempt {proc.attempt}'s driver (pid {proc.pid})",
                     )
                 )
                 proc.kill("ChaosKill")

@@ -41,6 +41,7 @@ from trainingrun_operator import (
     decision,
     departures,
     errors,
+    events,
     identity,
     model,
     naming,
@@ -61,12 +62,6 @@ __all__ = ["Clock", "Snapshot", "finalize", "gather", "observe", "read", "reconc
 logger = logging.getLogger(__name__)
 Clock = Callable[[], datetime.datetime]
 READ_AHEAD_LIMIT = 0.2  # the longest a pass waits, after its reads, for the moment it was asked for
-FOREIGN_OBJECT = "ForeignObject"
-"""The event and status reason of a run refused an object under one of its names (`errors.ForeignObject`)."""
-FOREIGN_OBJECT_GONE = "ForeignObjectGone"
-"""The event and status reason once the run's own objects are in place after such a refusal."""
-UPDATED_NETWORK_POLICY = "UpdatedNetworkPolicy"
-"""The event reason of a run's NetworkPolicy set back to what the operator writes."""
 
 
 def utc_now() -> datetime.datetime:
@@ -218,18 +213,21 @@ async def _act(api: apiclient.Api, obj: Mapping[str, Any], run: Snapshot, action
         try:
             adopted = await _ensure(api.create_rayjob, api.get_rayjob, body, uid)
         except errors.ApiError as exc:
-            await _event(api, obj, "Warning", "FailedToCreateRayJob", f"RayJob {action.ray_job_name}: {exc}")
+            failed = events.Reason.FAILED_TO_CREATE_RAY_JOB
+            await _event(api, obj, events.Type.WARNING, failed, f"RayJob {action.ray_job_name}: {exc}")
             raise
-        reason = "CreatedRayJob" if adopted is None else "AdoptedRayJob"
-        await _event(api, obj, "Normal", reason, f"RayJob {action.ray_job_name} for attempt {action.number}")
+        reason = events.Reason.CREATED_RAY_JOB if adopted is None else events.Reason.ADOPTED_RAY_JOB
+        await _event(api, obj, events.Type.NORMAL, reason, f"RayJob {action.ray_job_name} for attempt {action.number}")
     elif isinstance(action, decision.DeleteRayJob):
         try:
             deleted = await api.delete_rayjob(namespace, action.name)
         except errors.ApiError as exc:
-            await _event(api, obj, "Warning", "FailedToDeleteRayJob", f"RayJob {action.name}: {exc}")
+            await _event(
+                api, obj, events.Type.WARNING, events.Reason.FAILED_TO_DELETE_RAY_JOB, f"RayJob {action.name}: {exc}"
+            )
             raise
         if deleted:
-            await _event(api, obj, "Normal", "DeletedRayJob", f"RayJob {action.name}")
+            await _event(api, obj, events.Type.NORMAL, events.Reason.DELETED_RAY_JOB, f"RayJob {action.name}")
 
 
 async def _ensure(
@@ -272,10 +270,12 @@ async def _ensure_network_policy(
     name = body["metadata"]["name"]
     await api.patch_network_policy_spec(namespace, name, body["spec"])
     message = f"NetworkPolicy {name} admitted other traffic than the operator writes for this run; its spec is set back"
-    await _event(api, obj, "Normal", UPDATED_NETWORK_POLICY, message)
+    await _event(api, obj, events.Type.NORMAL, events.Reason.UPDATED_NETWORK_POLICY, message)
 
 
-async def _event(api: apiclient.Api, obj: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+async def _event(
+    api: apiclient.Api, obj: Mapping[str, Any], kind: events.Type, reason: events.Reason, message: str
+) -> None:
     """Events are best effort: a failure to post one is logged, never fatal."""
     try:
         await api.post_event(obj, kind, reason, message)
@@ -497,16 +497,16 @@ async def _tell_ownership(
     carries reason and message over until the phase changes). Best effort: the pass's own error comes first."""
     status = result.status
     if isinstance(failed, errors.ForeignObject):
-        reason, kind, message = FOREIGN_OBJECT, "Warning", str(failed)
+        reason, kind, message = events.Reason.FOREIGN_OBJECT, events.Type.WARNING, str(failed)
         if (status.reason, status.message) == (reason, message):
             return
     elif (
         failed is None
-        and status.reason == FOREIGN_OBJECT
+        and status.reason == events.Reason.FOREIGN_OBJECT
         and any(isinstance(a, decision.CreateAttempt) for a in result.actions)
     ):
         number = status.attempt.number if status.attempt else 0
-        reason, kind = FOREIGN_OBJECT_GONE, "Normal"
+        reason, kind = events.Reason.FOREIGN_OBJECT_GONE, events.Type.NORMAL
         message = (
             f"the driver's identity, the NetworkPolicy and the RayJob of attempt {number} are this run's own now; "
             "it goes on"
@@ -514,7 +514,7 @@ async def _tell_ownership(
     else:
         return
     try:
-        await _write_status(api, namespace, name, {"reason": reason, "message": message})
+        await _write_status(api, namespace, name, {"reason": reason.value, "message": message})
     except errors.ApiError as exc:
         logger.warning("could not write %s into the status: %s", reason, exc)
     await _event(api, obj, kind, reason, message)

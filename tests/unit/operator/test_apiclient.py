@@ -1,5 +1,5 @@
-"""What `apiclient.Api` puts on the wire for the run's NetworkPolicy, against a local HTTP stand-in of the API server
-(no cluster): the path, the method, the content type and the body."""
+"""What `apiclient.Api` puts on the wire for the run's NetworkPolicy and its events, against a local HTTP stand-in
+of the API server (no cluster): the path, the method, the content type and the body."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from trainingrun_operator import apiclient, model, netpolicy
+from trainingrun_operator import apiclient, events, model, netpolicy
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 SPEC = model.TrainingRunSpec.model_validate(yaml.safe_load(EXAMPLE.read_text())["spec"])
@@ -98,3 +98,16 @@ async def test_setting_a_network_policy_back_replaces_its_whole_spec_with_a_json
     assert (method, path) == ("PATCH", "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/tiny-ray")
     assert content_type == "application/json-patch+json"
     assert sent == [{"op": "replace", "path": "/spec", "value": spec}]
+
+
+async def test_an_event_goes_on_the_wire_with_its_reason_and_type_as_plain_strings(
+    server: tuple[apiclient.Api, type[Recorder]],
+) -> None:
+    """What `kubectl get events --field-selector reason=WorkerLost,type=Warning` selects on."""
+    api, handler = server
+    run = {"metadata": {"name": "tiny", "namespace": "ns", "uid": "u-1"}}
+    await api.post_event(run, events.Type.WARNING, events.Reason.WORKER_LOST, "worker pod w-1 lost")
+    ((method, path, _, sent),) = handler.seen
+    assert (method, path) == ("POST", "/api/v1/namespaces/ns/events")
+    assert (sent["type"], sent["reason"], sent["message"]) == ("Warning", "WorkerLost", "worker pod w-1 lost")
+    assert sent["involvedObject"]["kind"] == model.KIND and sent["involvedObject"]["name"] == "tiny"

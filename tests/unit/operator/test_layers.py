@@ -29,6 +29,7 @@ PURE = [
     "netpolicy",
     "departures",
     "errors",
+    "events",
     "figures",
 ]
 

@@ -115,6 +115,20 @@ def test_an_attempt_left_running_by_a_previous_supervisor_ends_as_preempted(tiny
     assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
 
 
+def test_a_pass_writes_its_events_to_the_event_log_and_the_console_with_their_wire_values(
+    tiny: local.LocalRun,
+) -> None:
+    """Local mode's events say what the API server would keep: `Warning Preempted`, never `Reason.PREEMPTED`."""
+    console = io.StringIO()
+    tiny.console = console
+    tiny.status = {"phase": "Running", "attempt": {"number": 4, "rayJobName": "tiny-4"}}
+    tiny.step()  # the attempt's process is not this supervisor's: it ends as Preempted, the run is Restarting
+    logged = [json.loads(line) for line in (tiny.dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["type"], e["reason"]) for e in logged] == [("Warning", "Preempted"), ("Normal", "Restarting")]
+    lines = console.getvalue().splitlines()
+    assert [line.split(" ", 1)[1].split(":", 1)[0] for line in lines] == ["Warning Preempted", "Normal  Restarting"]
+
+
 def test_status_file_is_written_atomically_and_read_back_after_a_failure_as_a_new_try(tiny: local.LocalRun) -> None:
     tiny.status = {
         "phase": "Failed",
