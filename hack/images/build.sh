@@ -8,7 +8,7 @@
 #
 # The base, localhost/trainingrun-base:bookworm-py3.11, stands in for python:3.11-slim: Debian bookworm's
 # python3 (3.11.2) with a virtual environment at /usr/local, so that `python` and `pip` are on PATH and install
-# into /usr/local/lib/python3.11/site-packages as in python:3.11-slim (README: "Images").
+# into /usr/local/lib/python3.11/site-packages as in python:3.11-slim (docs/testbed.md: "The images").
 #
 # Caches: the base's root filesystem under ${TESTBED_CACHE:-$HOME/.cache/trainingrun}/images
 # (base-bookworm-py3.11.tar); the runtime's dependency layer (torch and the rest, about 6 GB) in podman's own layer

@@ -5,7 +5,7 @@ in, values out; the token and the ConfigMap keys come through the callables the 
 
 Who uses it: `containerpods.ContainerPods` (the pod runner's containers) and its unit tests.
 
-Where it differs from a kubelet, by the bed's design (README, "Development: the full loop"):
+Where it differs from a kubelet, by the bed's design (docs/testbed.md, "The full loop"):
 - network: the container has its own network namespace on podman's bridge (podnet.py; the options come from the
   caller), as a pod has; but no pod sandbox holds it, so a restarted container gets a new namespace and maybe a
   new IP (the runner reports it as the pod's), and there is no Service network: no ClusterIP, no cluster DNS;

@@ -103,8 +103,8 @@ def test_the_metrics_service_and_servicemonitor_reach_the_operators_metrics_port
 def test_the_prometheusrule_carries_the_alerts_with_the_values_thresholds_and_the_crd_accepts_it(
     control_plane: Any, namespace: str
 ) -> None:
-    """Behind metrics.prometheusRule.enabled, the README's alerts as a PrometheusRule, accepted by the Prometheus
-    Operator's own CRD in a server-side dry run (test_operator_metrics loads the same rules into a real
+    """Behind metrics.prometheusRule.enabled, the alerts of docs/operating.md as a PrometheusRule, accepted by the
+    Prometheus Operator's own CRD in a server-side dry run (test_operator_metrics loads the same rules into a real
     Prometheus and sees them fire)."""
     assert "PrometheusRule" not in by_kind(render(control_plane, "pr", namespace)), "off by default"
     rendered = render(
