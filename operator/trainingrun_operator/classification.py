@@ -26,12 +26,13 @@ verdict):
    (an attempt never admitted is not judged here: it waits in the queue, phase Queued; right after admission
    KubeRay's status may still say Suspended, so an admitted attempt that is not yet running is judged by
    spec.suspend alone)
-4. the driver's exit code is known (local mode, or parsed from KubeRay's message): 0 succeeded,
-   6 / "ConfigMismatch:" -> InvalidSpec (permanent; the message names the fields from the driver's line),
-   7 / "RestoreInterrupted:" -> InfrastructureFailure, 3 / "RestoreFailed:" -> FailedRestore,
-   4 / "GenerationLost:" (no generation worker came back within workerReplacementSeconds) -> Preempted,
-   5 / "Preempted:" (it saved on the head's notice and stopped) -> Preempted,
-   2 (bad config) -> ApplicationFailure (permanent), else -> ApplicationFailure
+4. the driver's exit code is known (local mode, or parsed from KubeRay's message), or else the prefix of its last
+   line (`contract.Exit`, `contract.Prefix`): OK succeeded,
+   CONFIG_MISMATCH -> InvalidSpec (permanent; the message names the fields from the driver's line),
+   RESTORE_INTERRUPTED -> InfrastructureFailure, RESTORE_FAILED -> FailedRestore,
+   GENERATION_LOST (no generation worker came back within workerReplacementSeconds) -> Preempted,
+   PREEMPTED (it saved on the head's notice and stopped) -> Preempted,
+   BAD_CONFIG -> ApplicationFailure (permanent), else -> ApplicationFailure
 5. KubeRay's verdict: SUCCEEDED -> success; SubmissionFailed, ValidationFailed, STOPPED,
    grace period exceeded -> InfrastructureFailure; AppFailed / FAILED -> ApplicationFailure
 6. an image that cannot be pulled, a container config error       -> InfrastructureFailure
@@ -45,12 +46,11 @@ verdict):
 Then: an ApplicationFailure that is not permanent, in an attempt that lost a worker pod, is Preempted (the lost
 worker explains it). Otherwise the attempt is still going (None).
 
-The exit codes and prefixes are the driver's (`trainingrun_runtime.driver.entrypoint`, which the control plane does
-not import): the two lists change together. Only FailedRestore says that the step the attempt resumed from is bad
-(the decision marks it); a config mismatch fails the run as InvalidSpec, whose fix is the spec's; a restore
-interrupted by I/O, Ray or a timeout is an InfrastructureFailure, retried from the same step under the failure
-budget and its backoff (as a lost head is: the platform's fault, not the program's, and never re-read as a
-preemption after a worker loss).
+The exit codes, the prefixes and the report are the driver's contract (`trainingrun_runtime.contract`, which both
+sides import). Only FailedRestore says that the step the attempt resumed from is bad (the decision marks it); a
+config mismatch fails the run as InvalidSpec, whose fix is the spec's; a restore interrupted by I/O, Ray or a
+timeout is an InfrastructureFailure, retried from the same step under the failure budget and its backoff (as a
+lost head is: the platform's fault, not the program's, and never re-read as a preemption after a worker loss).
 
 Worker pods never end an attempt: generation is all they run, and the driver replaces it. `lost_workers` lists
 the worker pods lost to DisruptionTarget, an eviction, a deletion (not the cluster's own teardown) or their node's
@@ -70,20 +70,11 @@ from trainingrun_operator.observation import (
     PodObservation,
     exit_code_from_message,
 )
+from trainingrun_runtime import contract
+from trainingrun_runtime.contract import Exit, Prefix
 
 __all__ = ["Context", "FailureClass", "LostWorker", "Outcome", "classify", "grace_left", "lost_workers"]
 
-EXIT_BAD_CONFIG = 2
-EXIT_RESTORE_FAILED = 3
-EXIT_GENERATION_LOST = 4
-EXIT_PREEMPTED = 5
-EXIT_CONFIG_MISMATCH = 6
-EXIT_RESTORE_INTERRUPTED = 7
-RESTORE_FAILED_PREFIX = "RestoreFailed:"
-GENERATION_LOST_PREFIX = "GenerationLost:"
-PREEMPTED_PREFIX = "Preempted:"
-CONFIG_MISMATCH_PREFIX = "ConfigMismatch:"
-RESTORE_INTERRUPTED_PREFIX = "RestoreInterrupted:"
 DRAIN_SLACK_SECONDS = 5.0
 """After a deleted head's grace period ends: time for the kubelet's kill to show before the attempt is judged."""
 
@@ -92,6 +83,10 @@ _IMAGE_ERRORS = frozenset(
 )
 _JOB_ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _DEPLOYMENT_ENDED = frozenset({"Complete", "Failed", "Suspending", "Suspended"})
+_SOUGHT = (Prefix.CONFIG_MISMATCH, Prefix.RESTORE_INTERRUPTED, Prefix.RESTORE_FAILED, Prefix.GENERATION_LOST,
+           Prefix.PREEMPTED)  # fmt: skip
+"""The prefixes that classify an attempt without an exit code, the first found deciding: a driver of an older
+version wrote "RestoreFailed: ConfigMismatch: ..." for a config mismatch."""
 
 
 class FailureClass(str, enum.Enum):
@@ -262,15 +257,9 @@ def lost_workers(obs: AttemptObservation) -> tuple[LostWorker, ...]:
     return tuple(found.values())
 
 
-def _line_after(prefix: str, said: str) -> str:
-    """What the last line of `said` that carries `prefix` says after it ("" if none does)."""
-    at = said.rfind(prefix)
-    return said[at + len(prefix) :].splitlines()[0].strip() if at >= 0 else ""
-
-
 def _config_mismatch(said: str) -> Outcome:
     """InvalidSpec, its message the driver's ConfigMismatch line in `said` (the fields, old -> new, and the fix)."""
-    detail = _line_after(CONFIG_MISMATCH_PREFIX, said) or (
+    detail = contract.said_after(Prefix.CONFIG_MISMATCH, said) or (
         "spec.trainer: the math differs from the checkpoint's (the driver did not say which fields). A checkpoint "
         "resumes only under the math that wrote it: to resume from this run's checkpoints, set it back and start "
         "the run again (re-create the TrainingRun under the same name, or run `trainingrun run` again); to train "
@@ -281,7 +270,7 @@ def _config_mismatch(said: str) -> Outcome:
 
 def _restore_interrupted(said: str, code: int | None = None) -> Outcome:
     """InfrastructureFailure: the restore failed through no fault of the checkpoint; the step is not blamed."""
-    why = _line_after(RESTORE_INTERRUPTED_PREFIX, said) or "not by the checkpoint (I/O, Ray, a timeout)"
+    why = contract.said_after(Prefix.RESTORE_INTERRUPTED, said) or "not by the checkpoint (I/O, Ray, a timeout)"
     exited = "" if code is None else f", exit code {code}"
     return Outcome(
         FailureClass.INFRASTRUCTURE_FAILURE,
@@ -291,36 +280,38 @@ def _restore_interrupted(said: str, code: int | None = None) -> Outcome:
 
 def _from_restore_error(report: str) -> Outcome:
     """Rule 1: `status.runtime.restoreError`, by its prefix (see the module docstring)."""
-    if report.startswith(CONFIG_MISMATCH_PREFIX):
+    if report.startswith(Prefix.CONFIG_MISMATCH):
         return _config_mismatch(report)
-    if report.startswith(RESTORE_INTERRUPTED_PREFIX):
+    if report.startswith(Prefix.RESTORE_INTERRUPTED):
         return _restore_interrupted(report)
-    return Outcome(FailureClass.FAILED_RESTORE, f"{RESTORE_FAILED_PREFIX} {report}")
+    return Outcome(FailureClass.FAILED_RESTORE, contract.line(Prefix.RESTORE_FAILED, report))
 
 
 def _from_exit_code(code: int, message: str) -> Outcome:
-    if code == 0:
+    if code == Exit.OK:
         return SUCCESS
     # Before the restore's own check: a driver of an older version wrote "RestoreFailed: ConfigMismatch: ..." (3).
-    if code == EXIT_CONFIG_MISMATCH or CONFIG_MISMATCH_PREFIX in message:
+    if code == Exit.CONFIG_MISMATCH or Prefix.CONFIG_MISMATCH in message:
         return _config_mismatch(message)
-    if code == EXIT_RESTORE_INTERRUPTED or RESTORE_INTERRUPTED_PREFIX in message:
+    if code == Exit.RESTORE_INTERRUPTED or Prefix.RESTORE_INTERRUPTED in message:
         return _restore_interrupted(message, code)
-    if code == EXIT_RESTORE_FAILED or RESTORE_FAILED_PREFIX in message:
+    if code == Exit.RESTORE_FAILED or Prefix.RESTORE_FAILED in message:
         return Outcome(FailureClass.FAILED_RESTORE, f"the driver could not restore (exit code {code})")
-    if code == EXIT_GENERATION_LOST or GENERATION_LOST_PREFIX in message:
+    if code == Exit.GENERATION_LOST or Prefix.GENERATION_LOST in message:
         return Outcome(
             FailureClass.PREEMPTED,
             "no generation worker came back within spec.restartPolicy.workerReplacementSeconds "
             f"(the driver exited with code {code}, GenerationLost)",
         )
-    if code == EXIT_PREEMPTED or PREEMPTED_PREFIX in message:
+    if code == Exit.PREEMPTED or Prefix.PREEMPTED in message:
         return Outcome(
             FailureClass.PREEMPTED,
             f"the head pod was being deleted; the driver saved on its notice and stopped (exit code {code})",
         )
-    if code == EXIT_BAD_CONFIG:
-        return Outcome(FailureClass.APPLICATION_FAILURE, "the driver rejected its configuration (exit code 2)", True)
+    if code == Exit.BAD_CONFIG:
+        return Outcome(
+            FailureClass.APPLICATION_FAILURE, f"the driver rejected its configuration (exit code {code})", True
+        )
     return Outcome(FailureClass.APPLICATION_FAILURE, f"the driver exited with code {code}")
 
 
@@ -335,16 +326,8 @@ def _from_rayjob(obs: AttemptObservation) -> Outcome | None:
         return Outcome(FailureClass.INFRASTRUCTURE_FAILURE, f"KubeRay: {job.reason}: {job.message}".strip(), permanent)
     if job.job_status == "FAILED" or job.reason == "AppFailed":
         code = exit_code_from_message(job.message)
-        if code is None and CONFIG_MISMATCH_PREFIX in job.message:
-            code = EXIT_CONFIG_MISMATCH
-        elif code is None and RESTORE_INTERRUPTED_PREFIX in job.message:
-            code = EXIT_RESTORE_INTERRUPTED
-        elif code is None and RESTORE_FAILED_PREFIX in job.message:
-            code = EXIT_RESTORE_FAILED
-        elif code is None and GENERATION_LOST_PREFIX in job.message:
-            code = EXIT_GENERATION_LOST
-        elif code is None and PREEMPTED_PREFIX in job.message:
-            code = EXIT_PREEMPTED
+        if code is None:
+            code = next((prefix.code for prefix in _SOUGHT if prefix in job.message), None)
         if code is not None:
             return _from_exit_code(code, job.message)
         return Outcome(FailureClass.APPLICATION_FAILURE, f"the Ray job failed: {job.message}".strip())

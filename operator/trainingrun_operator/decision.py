@@ -62,7 +62,7 @@ from trainingrun_operator import (
 from trainingrun_operator.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
 from trainingrun_operator.observation import AttemptObservation
 from trainingrun_operator.phases import Phase
-from trainingrun_runtime import timestamps
+from trainingrun_runtime import contract, timestamps
 
 __all__ = [
     "MAX_ATTEMPT_HISTORY",
@@ -286,7 +286,7 @@ class _Pass:
             events.Reason.CHECKPOINT_RECORDED,
             f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}",
         )
-        if ckpt.reason == PREEMPTION_NOTICE:
+        if ckpt.reason == contract.CheckpointReason.PREEMPTION_NOTICE:
             self.emit(
                 events.Type.NORMAL,
                 events.Reason.PREEMPTION_NOTICE,  # the value of the checkpoint reason above (the driver's)
@@ -304,7 +304,7 @@ class _Pass:
         ckpt = report.last_checkpoint
         return (
             ckpt is not None
-            and ckpt.reason == PREEMPTION_NOTICE
+            and ckpt.reason == contract.CheckpointReason.PREEMPTION_NOTICE
             and ckpt.attempt == attempt.number
             and attempt.end is not None
             and attempt.reason == FailureClass.PREEMPTED.value
@@ -703,8 +703,8 @@ def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
     )
     if inputs.spec is not None:
         p.status = progress.summarise(inputs.spec, p.status, inputs.now)  # what kubectl get and describe show
-    before = {k: v for k, v in old.wire().items() if k != "runtime"}
-    after = {k: v for k, v in p.status.wire().items() if k != "runtime"}
+    before = {k: v for k, v in old.wire().items() if k != contract.REPORT_FIELD}
+    after = {k: v for k, v in p.status.wire().items() if k != contract.REPORT_FIELD}
     return Decision(p.status, patching.diff(before, after), tuple(p.actions), p.requeue)
 
 

@@ -64,7 +64,7 @@ from trainingrun_operator import (
 )
 from trainingrun_operator.observation import AttemptObservation, PodObservation
 from trainingrun_operator.phases import TERMINAL, Phase
-from trainingrun_runtime import timestamps
+from trainingrun_runtime import contract, timestamps
 
 __all__ = ["NAMESPACE", "Chaos", "LocalRun", "adopt_old_layout", "marker", "read_rewards", "run_file"]
 
@@ -156,13 +156,15 @@ class Chaos:
     due: float | None = None
     armed_for: int = 0
 
-    def tick(self, proc: driver_process.DriverProcess | None, report: Mapping[str, Any] | None, now: float) -> bool:
+    def tick(
+        self, proc: driver_process.DriverProcess | None, report: contract.RuntimeStatus | None, now: float
+    ) -> bool:
         """True when `proc` should be killed now."""
         if proc is None or self.kills >= self.max_kills or proc.exit_code() is not None:
             return False
-        checkpoint = (report or {}).get("lastCheckpoint") or {}
-        saved_here = (report or {}).get("attempt") == proc.attempt and checkpoint.get("attempt") == proc.attempt
-        if not saved_here:
+        checkpoint = report.get("lastCheckpoint") if report else None
+        saved_here = report is not None and report.get("attempt") == proc.attempt
+        if not saved_here or checkpoint is None or checkpoint.get("attempt") != proc.attempt:
             return False
         if self.armed_for != proc.attempt:
             self.armed_for, self.due = proc.attempt, now + self.rng.uniform(self.min_delay, self.max_delay)
@@ -243,9 +245,9 @@ class LocalRun:
     def fold_report(self) -> None:
         """The current attempt's runtime.json becomes status.runtime (as the driver's merge patch would)."""
         number = self.current_attempt()
-        report = _read_json(self.dir / "attempts" / str(number) / "runtime.json") if number else None
+        report = _read_json(contract.report_file(self.dir, number)) if number else None
         if report is not None:
-            self.status["runtime"] = report
+            self.status[contract.REPORT_FIELD] = report
 
     # -------------------------------------------------------------------------------------- observe
 
@@ -349,7 +351,7 @@ class LocalRun:
         self.fold_report()
         if self.chaos is not None:
             proc = self.procs.get(self.current_attempt())
-            if self.chaos.tick(proc, self.status.get("runtime"), time.monotonic()):
+            if self.chaos.tick(proc, self.status.get(contract.REPORT_FIELD), time.monotonic()):
                 assert proc is not None
                 self.event(
                     decision.Event(
@@ -425,10 +427,10 @@ def _progress(run: LocalRun) -> Iterator[Callable[[LocalRun], None]]:
 
         def update(current: LocalRun) -> None:
             status = current.status
-            runtime = status.get("runtime") or {}
+            runtime: contract.RuntimeStatus | None = status.get(contract.REPORT_FIELD)
             rewards = read_rewards(current.dir, current.current_attempt()).get(current.current_attempt()) or []
-            step = max([runtime.get("step") or 0, *(s for s, _ in rewards)])
-            reward = rewards[-1][1] if rewards else runtime.get("reward")
+            step = max([(runtime.get("step") if runtime else None) or 0, *(s for s, _ in rewards)])
+            reward = rewards[-1][1] if rewards else (runtime.get("reward") if runtime else None)
             latest = ((status.get("checkpoints") or {}).get("latest") or {}).get("step")
             bar.update(
                 task,

@@ -335,7 +335,7 @@ class TrainingRunSpec(_Wire):
 
 
 class CheckpointRecord(_Wire):
-    """One complete checkpoint, as the driver reports it after the rename."""
+    """One complete checkpoint, as the driver reports it after the rename (`contract.CheckpointReport`)."""
 
     step: int
     path: str
@@ -347,7 +347,8 @@ class CheckpointRecord(_Wire):
     manifest that hashes otherwise (None: a driver from before it was reported)."""
     time: str
     reason: str | None = None
-    """Periodic, Final or PreemptionNotice (None: a driver from before reasons were reported)."""
+    """A `contract.CheckpointReason`: Periodic, Final or PreemptionNotice (None: a driver from before reasons were
+    reported)."""
 
 
 class BadCheckpoint(_Wire):
@@ -359,7 +360,9 @@ class BadCheckpoint(_Wire):
 
 
 class RuntimeReport(_Wire):
-    """`status.runtime`: written only by the driver (merge patch), read by the operator, fenced by attempt."""
+    """`status.runtime`: written only by the driver (merge patch), read by the operator, fenced by attempt. What the
+    driver writes is `trainingrun_runtime.contract.RuntimeStatus`; this is the operator's parsed view of it, field
+    for field (tests/unit/operator/test_crd.py holds the two and the CRD together)."""
 
     attempt: int | None = None
     step: int | None = None

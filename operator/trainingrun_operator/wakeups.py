@@ -22,7 +22,7 @@ import json
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from trainingrun_runtime import timestamps
+from trainingrun_runtime import contract, timestamps
 
 __all__ = ["PROGRESS_REFRESH_SECONDS", "Wakeups", "wait_any"]
 
@@ -67,7 +67,7 @@ class Wakeups:
         return len(self._events)
 
 
-PROGRESS_ONLY = frozenset({"step", "reward", "updated"})
+PROGRESS_ONLY = contract.PROGRESS_FIELDS
 """`status.runtime` fields a decision needs only when an attempt ends (`stepsLost`), from the pass that ends it,
 while the head's node is NotReady (`updated`), from the pass its grace asked for, for the stall watchdog (`step`,
 `updated`), from the pass its deadline asked for, and for what kubectl shows (`progress.py`), which may lag: the
@@ -77,7 +77,7 @@ reports."""
 
 def _news(run: Mapping[str, Any]) -> tuple[object, ...]:
     meta, status = run.get("metadata") or {}, run.get("status") or {}
-    runtime = status.get("runtime")
+    runtime = status.get(contract.REPORT_FIELD)
     if isinstance(runtime, Mapping):
         runtime = {k: v for k, v in runtime.items() if k not in PROGRESS_ONLY}
     return meta.get("generation"), meta.get("deletionTimestamp"), json.dumps(runtime, sort_keys=True)
@@ -85,7 +85,7 @@ def _news(run: Mapping[str, Any]) -> tuple[object, ...]:
 
 def _reported(run: Mapping[str, Any]) -> str | None:
     """When the driver's report in `run` was written (status.runtime.updated), if it says."""
-    runtime = (run.get("status") or {}).get("runtime")
+    runtime: contract.RuntimeStatus | None = (run.get("status") or {}).get(contract.REPORT_FIELD)
     updated = runtime.get("updated") if isinstance(runtime, Mapping) else None
     return updated if isinstance(updated, str) else None
 

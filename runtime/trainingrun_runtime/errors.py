@@ -1,9 +1,10 @@
 """The runtime's error vocabulary: every failure the driver side can name, each with what to do about it.
 
-Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes (a restore
-that failed verification, and the index rebuild's `PreflightError` / `DigestError`, are exit code 3, a
-`ConfigMismatch` 6, a `RestoreInterrupted` 7, `GenerationLost` 4, `Superseded` 1 naming the owner, anything else
-1; see `driver.entrypoint`), which the operator classifies. Imports nothing outside the standard library.
+Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes
+(`contract.Exit`: a restore that failed verification, and the index rebuild's `PreflightError` / `DigestError`,
+are RESTORE_FAILED, a `ConfigMismatch` CONFIG_MISMATCH, a `RestoreInterrupted` RESTORE_INTERRUPTED, `GenerationLost`
+GENERATION_LOST, `Superseded` FAILED naming the owner, anything else FAILED; see `driver.entrypoint`), which the
+operator classifies. Imports nothing outside the standard library.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ConfigMismatch(TrainingRunError):
 
 
 class GenerationLost(TrainingRunError):
-    """No generation worker came back within the bound: the attempt ends (exit code 4); the next resumes."""
+    """No generation worker came back within the bound: the attempt ends (`Exit.GENERATION_LOST`); the next resumes."""
 
 
 class LedgerError(TrainingRunError):
@@ -76,7 +77,7 @@ class AttemptEnded(Superseded):
 
 
 class RestoreFailed(TrainingRunError):
-    """Restoring the chosen checkpoint failed (exit code 3); `cause` is the original error."""
+    """Restoring the chosen checkpoint failed (`Exit.RESTORE_FAILED`); `cause` is the original error."""
 
     def __init__(self, cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")

@@ -28,8 +28,8 @@ import ray.cluster_utils
 import torch
 
 from support import launcher, waiting
-from trainingrun_runtime import config
-from trainingrun_runtime.driver import entrypoint, events, generation_workers, placement
+from trainingrun_runtime import config, contract
+from trainingrun_runtime.driver import events, generation_workers, placement
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, verification
 
@@ -139,7 +139,7 @@ def test_no_generation_node_back_within_the_bound_ends_the_attempt_with_exit_cod
     proc = run_driver(tmp_path, "gone", cluster, conf, hold_at="trained@2~10")
     proc.wait_for_marker("trained", 2, timeout=400, held=True)
     cluster.remove_node(generation, allow_graceful=False)
-    assert proc.wait(300) == entrypoint.EXIT_GENERATION_LOST, proc.output()[-3000:]
+    assert proc.wait(300) == contract.Exit.GENERATION_LOST, proc.output()[-3000:]
     assert "GenerationLost: no generation worker for 30 s" in proc.output()
 
 

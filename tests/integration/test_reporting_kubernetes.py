@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_runtime import timestamps
+from trainingrun_runtime import contract, timestamps
 from trainingrun_runtime.driver import reporting
 
 pytestmark = pytest.mark.cluster
@@ -23,13 +23,13 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _status(step: int) -> reporting.RuntimeStatus:
-    return reporting.RuntimeStatus(
+def _status(step: int) -> contract.RuntimeStatus:
+    return contract.RuntimeStatus(
         attempt=2,
         step=step,
         reward=0.75,
         updated=timestamps.now(),
-        lastCheckpoint=reporting.CheckpointReport(
+        lastCheckpoint=contract.CheckpointReport(
             step=step,
             path=f"/ckpt/tiny/step_{step}",
             attempt=2,

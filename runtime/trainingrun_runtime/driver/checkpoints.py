@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainingrun_runtime import config, timestamps
+from trainingrun_runtime import config, contract, timestamps
 from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
@@ -44,16 +44,9 @@ from trainingrun_runtime.storage import fence, layout, retention
 if TYPE_CHECKING:
     from trainingrun_runtime.driver.controller import SingleControllerActorArgs
 
-__all__ = ["FINAL", "PERIODIC", "PREEMPTION_NOTICE", "Checkpoints"]
+__all__ = ["Checkpoints"]
 
 log = logging.getLogger(__name__)
-
-PERIODIC = "Periodic"
-"""A checkpoint's reason: every checkpoint.save_period steps."""
-FINAL = "Final"
-"""A checkpoint's reason: the run's last step."""
-PREEMPTION_NOTICE = "PreemptionNotice"
-"""A checkpoint's reason: the head pod was being deleted and asked for it (`notice`)."""
 
 
 class Checkpoints:
@@ -82,7 +75,7 @@ class Checkpoints:
         self._saving_step = -1
         self.save_s: float | None = None
         """How long this attempt's latest save took, from its begin to its report (None: none yet)."""
-        self.last: reporting.CheckpointReport | None = args.restored.last_checkpoint
+        self.last: contract.CheckpointReport | None = args.restored.last_checkpoint
         """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
         self.exclusive_s: list[float] = []
         """The barrier's exclusive window of each checkpoint this attempt committed (seconds)."""
@@ -93,7 +86,11 @@ class Checkpoints:
         return self._saving_step if self._commit is not None and not self._commit.done() else None
 
     async def save(
-        self, step: int, reward: float | None, capture: Callable[[], Mapping[str, Any]], reason: str = PERIODIC
+        self,
+        step: int,
+        reward: float | None,
+        capture: Callable[[], Mapping[str, Any]],
+        reason: contract.CheckpointReason = contract.CheckpointReason.PERIODIC,
     ) -> None:
         """Write step N: the policy and the barrier cut now, the commit in the background (see the module)."""
         a = self._args
@@ -140,10 +137,11 @@ class Checkpoints:
         checkpoint (`decision._late_notice_checkpoint`), and this one is it: the driver trains no more after it. A
         report the operator has recorded already changes nothing (same step, attempt and path)."""
         a = self._args
-        if self.last is None or self.last["attempt"] != a.attempt or self.last.get("reason") == PREEMPTION_NOTICE:
+        notice = contract.CheckpointReason.PREEMPTION_NOTICE
+        if self.last is None or self.last["attempt"] != a.attempt or self.last.get("reason") == notice:
             return
         again = self.last.copy()
-        again["reason"] = PREEMPTION_NOTICE
+        again["reason"] = notice
         self.last = again
         await self._reports.checkpoint()
 
@@ -162,7 +160,7 @@ class Checkpoints:
         step: int,
         reward: float | None,
         sha: str,
-        reason: str,
+        reason: contract.CheckpointReason,
         started: float,
     ) -> None:
         """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
@@ -184,7 +182,7 @@ class Checkpoints:
             raise
         self._written.add(step)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
-        self.last = reporting.CheckpointReport(
+        self.last = contract.CheckpointReport(
             step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
             weightsSha256=sha, manifestBlake3=pending.manifest_blake3, time=timestamps.now(), reason=reason,
         )  # fmt: skip

@@ -24,7 +24,7 @@
     preemption notice (`notice`; the head pod's preStop hook asks, a task looks every POLL_S): at the next step
       boundary a save of the newest step, if it fits before the deadline (a save of that step already under way
       or done counts: one checkpoint, not two; a selected batch is trained first only if the step and the save
-      both fit), then the answer to the hook, and the pump stops: `run()` returns with `notice` set (exit 5)
+      both fit), then the answer to the hook, and the pump stops: `run()` returns with `notice` set (`Exit.PREEMPTED`)
 
 `__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
 attaches the process-bound plumbing with the token the driver's restore produced
@@ -54,7 +54,7 @@ from typing import Any, cast
 
 import torch
 
-from trainingrun_runtime import config, timestamps
+from trainingrun_runtime import config, contract, timestamps
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
@@ -141,11 +141,11 @@ class RunResult:
     weights_sha256: str
     mean_reward: float | None
     rewards: list[float]
-    last_checkpoint: reporting.CheckpointReport | None
+    last_checkpoint: contract.CheckpointReport | None
     exclusive_s: list[float]
     """The barrier's exclusive window of each checkpoint this attempt wrote (seconds)."""
     notice: notice.Answer | None = None
-    """Set when the run stopped on the head pod's preemption notice: what it saved (the driver exits 5)."""
+    """Set when the run stopped on the head pod's preemption notice: what it saved (the driver exits PREEMPTED)."""
 
 
 class SingleController:
@@ -348,9 +348,9 @@ class SingleController:
             self._step_s = time.monotonic() - started
             self.telemetry.step(self._step_s)
             if done == tcfg.steps:
-                await self.checkpoints.save(done, reward, self._capture, checkpoints.FINAL)
+                await self.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.FINAL)
             elif done % a.config.checkpoint.save_period == 0:
-                await self.checkpoints.save(done, reward, self._capture, checkpoints.PERIODIC)
+                await self.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.PERIODIC)
         await self.checkpoints.settle()
         if self._notice is not None:  # it came with the last step: the final checkpoint answers it
             notice.answer(a.root, a.run, a.attempt, notice.Answer(a.sampler.step, "the run finished"))
@@ -393,7 +393,7 @@ class SingleController:
                 answer = notice.Answer(step, f"step {step} {how}")
             elif notice.time_for_a_save(time.time(), n.deadline, ckpt.save_s):
                 reward = self.rewards[-1] if self.rewards else None
-                await ckpt.save(step, reward, self._capture, checkpoints.PREEMPTION_NOTICE)
+                await ckpt.save(step, reward, self._capture, contract.CheckpointReason.PREEMPTION_NOTICE)
                 await ckpt.settle_for_the_notice()
                 saved = ckpt.last is not None and ckpt.last["step"] == step
                 answer = notice.Answer(step if saved else None, "saved on the notice" if saved else "save abandoned")
@@ -472,9 +472,9 @@ class SingleController:
             "version": self.version,
         }
 
-    def status(self, step: int, reward: float | None, *, finished: bool) -> reporting.RuntimeStatus:
+    def status(self, step: int, reward: float | None, *, finished: bool) -> contract.RuntimeStatus:
         """`status.runtime` as of now."""
-        return reporting.RuntimeStatus(
+        return contract.RuntimeStatus(
             attempt=self.args.attempt,
             step=step,
             reward=reward,

@@ -1,16 +1,17 @@
 """The driver entrypoint: arguments in, exit code out (`python -m trainingrun_runtime`).
 
-    parse args + config ──bad──► stderr "BadConfig: …", exit 2
+    parse args + config ──bad──► stderr "BadConfig: …", Exit.BAD_CONFIG
     setup_single_controller() ──a restore failed──► report restoreError, then by whose fault (`restore.refusal`):
-        the step failed verification (RestoreFailed) ──► stderr "RestoreFailed: …", exit 3
+        the step failed verification (RestoreFailed) ──► stderr "RestoreFailed: …", Exit.RESTORE_FAILED
         its math differs from the config (ConfigMismatch) ──► stderr "ConfigMismatch: <field: old -> new> … <fix>",
-                                                              exit 6
-        neither: I/O, Ray, a timeout (RestoreInterrupted) ──► the cause's traceback, "RestoreInterrupted: …", exit 7
-    actor.run() ──GenerationLost──► stderr "GenerationLost: …", exit 4 (no generation worker came back in time)
-               ──the index rebuild failed (PreflightError, DigestError)──► as a failed verification: exit 3
-               ──stopped on the head's preemption notice──► report, stderr "Preempted: …", exit 5
-               ──error──► exit 1 (its original error is logged)
-    final report (finished: true), close TransferQueue, ray.shutdown ──► exit 0
+                                                              Exit.CONFIG_MISMATCH
+        neither: I/O, Ray, a timeout (RestoreInterrupted) ──► the cause's traceback, "RestoreInterrupted: …",
+                                                              Exit.RESTORE_INTERRUPTED
+    actor.run() ──GenerationLost──► stderr "GenerationLost: …", Exit.GENERATION_LOST (no generation worker came back)
+               ──the index rebuild failed (PreflightError, DigestError)──► as a failed verification: RESTORE_FAILED
+               ──stopped on the head's preemption notice──► report, stderr "Preempted: …", Exit.PREEMPTED
+               ──error──► Exit.FAILED (its original error is logged)
+    final report (finished: true), close TransferQueue, ray.shutdown ──► Exit.OK
 
     python -m trainingrun_runtime --run NAME --namespace NS --attempt N --resume latest|<step> [--fallback S,S]
         [--manifest-blake3 S=HEX,S=HEX] --root DIR --config-json '<RuntimeConfig JSON>' --reporter kubernetes|file
@@ -24,12 +25,10 @@ starts.
 This is the only module that prints (the final `RestoreFailed:`, `GenerationLost:`, … line) or sets up logging.
 
 The operator classifies an attempt by these exit codes and the prefix of the last stderr line, or of
-`status.runtime.restoreError` (the stderr line of a failed restore, without a leading `RestoreFailed: `): 3
-FailedRestore (the step it resumed from is marked bad), 4 and 5 Preempted, 6 InvalidSpec (the run fails; nothing is
-marked bad), 7 InfrastructureFailure (retried from the same step). `trainingrun_operator.classification` holds the
-same codes and prefixes (the control plane imports nothing of the driver): change both together. Exit 2 stays a
-config that does not parse, which the operator's own validation of spec.trainer rules out; a valid config that does
-not fit the checkpoint (a user's edit of spec.trainer) is 6, so that the operator can name the fields.
+`status.runtime.restoreError`: the exit codes, the prefixes and the report are `trainingrun_runtime.contract`, which
+both sides import. BAD_CONFIG stays a config that does not parse, which the operator's own validation of
+spec.trainer rules out; a valid config that does not fit the checkpoint (a user's edit of spec.trainer) is
+CONFIG_MISMATCH, so that the operator can name the fields.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ from pathlib import Path
 
 import pydantic
 
-from trainingrun_runtime import config, timestamps
+from trainingrun_runtime import config, contract, timestamps
+from trainingrun_runtime.contract import Exit, Prefix
 from trainingrun_runtime.driver import events, reporting, restore, setup
 from trainingrun_runtime.errors import (
     ConfigMismatch,
@@ -57,34 +57,12 @@ from trainingrun_runtime.errors import (
 from trainingrun_runtime.storage import checksum
 
 __all__ = [
-    "CONFIG_MISMATCH_PREFIX",
-    "EXIT_BAD_CONFIG",
-    "EXIT_CONFIG_MISMATCH",
-    "EXIT_FAILED",
-    "EXIT_GENERATION_LOST",
-    "EXIT_OK",
-    "EXIT_PREEMPTED",
-    "EXIT_RESTORE_FAILED",
-    "EXIT_RESTORE_INTERRUPTED",
-    "RESTORE_FAILED_PREFIX",
-    "RESTORE_INTERRUPTED_PREFIX",
     "RestoreExit",
     "main",
     "parse",
     "restore_exit",
 ]
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
-EXIT_RESTORE_FAILED = 3
-EXIT_GENERATION_LOST = 4
-EXIT_PREEMPTED = 5
-EXIT_CONFIG_MISMATCH = 6
-EXIT_RESTORE_INTERRUPTED = 7
-RESTORE_FAILED_PREFIX = "RestoreFailed:"
-CONFIG_MISMATCH_PREFIX = "ConfigMismatch:"
-RESTORE_INTERRUPTED_PREFIX = "RestoreInterrupted:"
 
 log = logging.getLogger(__name__)
 
@@ -195,14 +173,14 @@ def parse(argv: list[str]) -> setup.DriverOptions:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> Exit:
     """Run one attempt; returns the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         opts = parse(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
-        print(f"BadConfig: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        print(contract.line(Prefix.BAD_CONFIG, e), file=sys.stderr)
+        return Exit.BAD_CONFIG
     moved_from = setup.adopt_legacy_run_dir(opts)  # before the default event log creates ROOT/RUN
     ev = events.EventLog(opts.event_log or events.default_path(opts.root, opts.run, opts.attempt))
     ev.emit("driver_started", attempt=opts.attempt)
@@ -212,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         built = setup.setup_single_controller(opts, ev)
     except Superseded as e:
-        print(f"Superseded: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        print(contract.line(Prefix.SUPERSEDED, e), file=sys.stderr)
+        return Exit.FAILED
     except (RestoreFailed, ConfigMismatch, RestoreInterrupted) as e:
         ended = restore_exit(e)
         assert ended is not None, "each of the three is a restore failure"
@@ -225,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         return ended.code
     except GenerationLost as e:
         _shutdown_ray()
-        print(f"GenerationLost: {e}", file=sys.stderr)
-        return EXIT_GENERATION_LOST
+        print(contract.line(Prefix.GENERATION_LOST, e), file=sys.stderr)
+        return Exit.GENERATION_LOST
     import ray
 
     try:
@@ -236,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("run failed: %s: %s", type(cause).__name__, cause)
         if isinstance(cause, GenerationLost):
             _close(built)
-            print(f"GenerationLost: {cause}", file=sys.stderr)
-            return EXIT_GENERATION_LOST
+            print(contract.line(Prefix.GENERATION_LOST, cause), file=sys.stderr)
+            return Exit.GENERATION_LOST
         ended = restore_exit(cause)
         if ended is not None:
             _report_restore_error(rep, opts, ended.report)
@@ -246,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             return ended.code
         traceback.print_exception(cause)
         _close(built)
-        return EXIT_FAILED
+        return Exit.FAILED
     rep.report(
-        reporting.RuntimeStatus(
+        contract.RuntimeStatus(
             attempt=opts.attempt,
             step=result.step,
             reward=result.mean_reward,
@@ -263,39 +241,41 @@ def main(argv: list[str] | None = None) -> int:
     _close(built)
     if result.notice is not None:
         saved = "nothing" if result.notice.step is None else f"step {result.notice.step}"
-        print(f"Preempted: stopped at step {result.step} on the head pod's notice; saved {saved} "
-              f"({result.notice.why})", file=sys.stderr)  # fmt: skip
-        return EXIT_PREEMPTED
+        stopped = f"stopped at step {result.step} on the head pod's notice; saved {saved} ({result.notice.why})"
+        print(contract.line(Prefix.PREEMPTED, stopped), file=sys.stderr)
+        return Exit.PREEMPTED
     log.info("run %s finished at step %d, weights_sha256 %s", opts.run, result.step, result.weights_sha256)
-    return EXIT_OK
+    return Exit.OK
 
 
 @dataclasses.dataclass(frozen=True)
 class RestoreExit:
     """How the driver ends after a failed restore: its exit code and what it says (see the module docstring)."""
 
-    code: int
+    code: Exit
     line: str
-    """The last stderr line: a prefix (`RESTORE_FAILED_PREFIX`, …), then what failed."""
+    """The last stderr line: a `contract.Prefix`, then what failed."""
     report: str
     """`status.runtime.restoreError`: the line, without a leading `RestoreFailed: `."""
 
 
 def restore_exit(error: BaseException) -> RestoreExit | None:
     """The exit of a driver whose restore (setup's, or the actor's index rebuild) failed with `error`; None if
-    `error` is no restore failure (the actor's other errors are exit code 1)."""
+    `error` is no restore failure (the actor's other errors are `Exit.FAILED`)."""
     # PreflightError and DigestError are raised in the actor only while it rebuilds the replay index, before the
     # pumps start, from a step that passed verification and the config check: its index does not hold together.
     if isinstance(error, (PreflightError, DigestError)):
         error = RestoreFailed(error)
     if isinstance(error, RestoreFailed):
-        return RestoreExit(EXIT_RESTORE_FAILED, f"{RESTORE_FAILED_PREFIX} {error}", str(error))
+        return RestoreExit(Exit.RESTORE_FAILED, contract.line(Prefix.RESTORE_FAILED, error), str(error))
     if isinstance(error, ConfigMismatch):
-        line = f"{CONFIG_MISMATCH_PREFIX} {error}"
-        return RestoreExit(EXIT_CONFIG_MISMATCH, line, line)
+        said = contract.line(Prefix.CONFIG_MISMATCH, error)
+        return RestoreExit(Exit.CONFIG_MISMATCH, said, said)
     if isinstance(error, RestoreInterrupted):
-        line = f"{RESTORE_INTERRUPTED_PREFIX} {error} (not the checkpoint's fault: a new attempt may succeed)"
-        return RestoreExit(EXIT_RESTORE_INTERRUPTED, line, line)
+        said = contract.line(
+            Prefix.RESTORE_INTERRUPTED, f"{error} (not the checkpoint's fault: a new attempt may succeed)"
+        )
+        return RestoreExit(Exit.RESTORE_INTERRUPTED, said, said)
     return None
 
 
@@ -309,7 +289,7 @@ def _report_restore_error(
     rep: reporting.Reporter, opts: setup.DriverOptions, message: str, rejected: list[tuple[Path, str]] | None = None
 ) -> None:
     rep.report(
-        reporting.RuntimeStatus(
+        contract.RuntimeStatus(
             attempt=opts.attempt,
             step=0,
             reward=None,

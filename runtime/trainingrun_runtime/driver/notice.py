@@ -9,7 +9,7 @@
            at the next step boundary: a save it can finish before the deadline (its recent save times say how
            long one takes) -> checkpoint, committed and reported with reason PreemptionNotice; then it trains no
            more; a save already under way at that step counts (one checkpoint, not two)
-           writes the answer {"step": S | null, "why": ...}; the driver then exits (code 5, `Preempted:`)
+           writes the answer {"step": S | null, "why": ...}; the driver then exits (`contract.Exit.PREEMPTED`)
       kubelet: SIGTERM, then SIGKILL at the end of the grace period
 
 Files, not Ray calls: the hook is a short standard-library process that starts in milliseconds and needs no Ray

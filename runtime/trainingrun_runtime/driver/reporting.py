@@ -7,11 +7,8 @@ The driver writes only `status.runtime` (one writer per field; the operator owns
 rest of the status). `lastCheckpoint` changes only after a checkpoint's rename, so a
 reported checkpoint always exists; `step` is the newest step the attempt finished, so
 the operator can tell how many steps an interrupted attempt lost (`stepsLost`:
-`step` minus the newest recorded checkpoint). Shape (camelCase, as in the CRD):
-
-    runtime: {attempt, step, reward, updated, lastCheckpoint: {step, path, attempt, replayDigest,
-              weightsSha256, manifestBlake3, time, reason} | null, restoreError, finished,
-              badCheckpoints: [{step, problem}]}
+`step` minus the newest recorded checkpoint). Its shape is `contract.RuntimeStatus`, which
+the operator reads.
 
 `ProgressReports` sends them: a checkpoint report right away (after any report in
 flight), a progress report after a step at most once per period (default 1 s) and at
@@ -34,21 +31,19 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import Any, Protocol
 
+from trainingrun_runtime import contract
 from trainingrun_runtime.storage import files
 
 __all__ = [
     "ORPHANS_LISTED",
     "PROGRESS_PERIOD_S",
-    "BadCheckpointReport",
-    "CheckpointReport",
     "FileReporter",
     "KubernetesReporter",
     "OperatorView",
     "ProgressReports",
     "Reporter",
-    "RuntimeStatus",
     "build",
 ]
 
@@ -62,49 +57,6 @@ VERSION = "v1alpha1"
 PLURAL = "trainingruns"
 ORPHANS_LISTED = 100
 """At most this many set-aside steps are listed in `status.runtime.orphanedCheckpoints` (the CRD's maxItems)."""
-
-
-class CheckpointReport(TypedDict):
-    """`status.runtime.lastCheckpoint`: a completed (renamed) checkpoint."""
-
-    step: int
-    path: str
-    attempt: int
-    replayDigest: str
-    weightsSha256: str | None
-    manifestBlake3: str
-    """BLAKE3 of the step's manifest.json: the operator records it and hands it back to the driver that resumes
-    from the step, which refuses a manifest that does not hash to it."""
-    time: str
-    reason: NotRequired[str]
-    """Why it was written: Periodic, Final or PreemptionNotice (`checkpoints.REASONS`)."""
-
-
-class BadCheckpointReport(TypedDict):
-    """A checkpoint this attempt would have resumed from but that failed verification (`status.runtime.badCheckpoints`,
-    which the operator adds to `status.checkpoints.bad`)."""
-
-    step: int
-    problem: str
-    """What failed, naming the file and the mismatch (the CheckpointCorrupt message)."""
-
-
-class RuntimeStatus(TypedDict):
-    """`status.runtime`: the driver's view of the attempt."""
-
-    attempt: int
-    step: int
-    reward: float | None
-    updated: str
-    lastCheckpoint: CheckpointReport | None
-    restoreError: str | None
-    finished: bool
-    badCheckpoints: list[BadCheckpointReport]
-    """Every report carries the list, empty or not: a merge patch then replaces an earlier attempt's."""
-    orphanedCheckpoints: NotRequired[list[int]]
-    """The steps this attempt set aside as `orphan_step_N` when it claimed the run directory (`retention.set_aside`):
-    newer than the step it resumed from, recorded nowhere in the status; the newest `ORPHANS_LISTED`. The
-    controller's reports carry it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +100,7 @@ class OperatorView:
 class Reporter(Protocol):
     """Sends one `status.runtime` value; must not raise for transient delivery failures."""
 
-    def report(self, status: RuntimeStatus) -> None:
+    def report(self, status: contract.RuntimeStatus) -> None:
         """Deliver `status` (the whole `status.runtime` object)."""
         ...
 
@@ -161,7 +113,7 @@ class FileReporter:
     """Writes `<root>/<run>/attempts/<attempt>/runtime.json` atomically (tmp, fsync, rename, fsync dir)."""
 
     def __init__(self, root: str | os.PathLike[str], run: str, attempt: int) -> None:
-        self.path = Path(root) / run / "attempts" / str(attempt) / "runtime.json"
+        self.path = contract.report_file(Path(root) / run, attempt)
         self.status_path = Path(root) / run / "status.json"
 
     def operator_view(self) -> OperatorView | None:
@@ -175,7 +127,7 @@ class FileReporter:
             return None
         return OperatorView.of(status if isinstance(status, dict) else {})
 
-    def report(self, status: RuntimeStatus) -> None:
+    def report(self, status: contract.RuntimeStatus) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         files.replace_synced(self.path, json.dumps(status, indent=2, sort_keys=True, allow_nan=False).encode())
 
@@ -215,8 +167,8 @@ class KubernetesReporter:
             return None
         return OperatorView.of((obj or {}).get("status") or {})
 
-    def report(self, status: RuntimeStatus) -> None:
-        body = {"status": {"runtime": status}}
+    def report(self, status: contract.RuntimeStatus) -> None:
+        body = {"status": {contract.REPORT_FIELD: status}}
         for attempt in range(1, self.attempts + 1):
             try:
                 self._client().patch_namespaced_custom_object_status(
@@ -252,7 +204,7 @@ class ProgressReports:
     def __init__(
         self,
         reporter: Reporter,
-        build: Callable[[], RuntimeStatus],
+        build: Callable[[], contract.RuntimeStatus],
         period_s: float = PROGRESS_PERIOD_S,
         *,
         clock: Callable[[], float] = time.monotonic,

@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from pydantic.alias_generators import to_camel
 
-from trainingrun_runtime import config
+from trainingrun_runtime import config, contract
 from trainingrun_runtime.dataplane import checkpointer, lifecycle
 from trainingrun_runtime.dataplane.replay_index import ReplayConfig
-from trainingrun_runtime.driver import events, reporting, trainers
+from trainingrun_runtime.driver import events, trainers
 from trainingrun_runtime.errors import (
     CheckpointCorrupt,
     ConfigMismatch,
@@ -110,9 +110,9 @@ class Restored:
     """The replay index from the index file, rebuilt in the controller (None on a fresh start)."""
     replay_digest: str | None
     """The manifest's replay digest, which the rebuilt index must match (None on a fresh start)."""
-    last_checkpoint: reporting.CheckpointReport | None
+    last_checkpoint: contract.CheckpointReport | None
     """The restored step as `status.runtime.lastCheckpoint` reports it (None on a fresh start)."""
-    rejected: tuple[reporting.BadCheckpointReport, ...] = ()
+    rejected: tuple[contract.BadCheckpointReport, ...] = ()
     """The checkpoints passed over because they failed verification (`status.runtime.badCheckpoints`)."""
 
 
@@ -221,13 +221,13 @@ def _pinned_or_older(
     raise NoRecordedCheckpointVerifies(f"no recorded checkpoint verifies ({tried})", rejected)
 
 
-def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[reporting.BadCheckpointReport]:
+def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[contract.BadCheckpointReport]:
     """The step_N checkpoints among `skipped` (not leftovers such as tmp_step_N), as the driver reports them."""
     found = []
     for path, problem in skipped:
         step = layout.step_of(path.name)
         if step is not None:
-            found.append(reporting.BadCheckpointReport(step=step, problem=problem[:PROBLEM_CHARS]))
+            found.append(contract.BadCheckpointReport(step=step, problem=problem[:PROBLEM_CHARS]))
     return found
 
 
@@ -319,7 +319,7 @@ def restore(
     except Exception as e:
         raise refusal(e, chosen.verified.path.parent) from e
     m = chosen.manifest
-    last = reporting.CheckpointReport(
+    last = contract.CheckpointReport(
         step=m.step,
         path=str(chosen.verified.path),
         attempt=m.attempt,

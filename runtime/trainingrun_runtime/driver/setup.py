@@ -23,8 +23,9 @@ buffer needs that client. Both are process-bound, so the controller builds them 
 the start of `run()` from the token, after this function returned. Every step
 emits an event (`events.EventLog`) so tests can check the order and the benchmark
 can split the start-up time. Any failure while restoring (steps 2 and 5) is raised
-as `RestoreFailed`, which the entrypoint maps by whose fault it is (`restore.refusal`: exit code 3 for a step
-that failed verification, 6 for a config mismatch, 7 for anything else). How long steps 2 and 5 took together is
+as `RestoreFailed`, which the entrypoint maps by whose fault it is (`restore.refusal`: `contract.Exit`
+RESTORE_FAILED for a step that failed verification, CONFIG_MISMATCH for a config mismatch, RESTORE_INTERRUPTED for
+anything else). How long steps 2 and 5 took together is
 the restore's duration, which the controller exports (`telemetry`).
 """
 

@@ -25,6 +25,7 @@ import yaml
 
 from trainingrun_operator import decision, model, patching
 from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_runtime import contract
 from trainingrun_runtime.config import RuntimeConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -156,29 +157,12 @@ def test_every_schema_node_has_a_type_so_the_schema_is_structural() -> None:
     assert untyped == []
 
 
-def test_status_declares_every_field_of_the_runtime_contract() -> None:
-    runtime = _schema()["properties"]["status"]["properties"]["runtime"]["properties"]
-    assert set(runtime) == {
-        "attempt",
-        "step",
-        "reward",
-        "updated",
-        "lastCheckpoint",
-        "restoreError",
-        "finished",
-        "badCheckpoints",
-        "orphanedCheckpoints",
-    }
-    assert set(runtime["lastCheckpoint"]["properties"]) == {
-        "step",
-        "path",
-        "attempt",
-        "replayDigest",
-        "weightsSha256",
-        "manifestBlake3",
-        "time",
-        "reason",
-    }
+def test_status_declares_every_field_the_driver_reports_and_no_other() -> None:
+    status = _schema()["properties"]["status"]["properties"]
+    runtime = status[contract.REPORT_FIELD]["properties"]
+    assert set(runtime) == set(contract.RuntimeStatus.__annotations__)
+    assert set(runtime["lastCheckpoint"]["properties"]) == set(contract.CheckpointReport.__annotations__)
+    assert set(runtime["badCheckpoints"]["items"]["properties"]) == set(contract.BadCheckpointReport.__annotations__)
 
 
 def test_cel_rules_cover_immutable_storage_pinned_resume_and_backoff_cap() -> None:

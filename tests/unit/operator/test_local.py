@@ -20,6 +20,8 @@ import pytest
 
 from trainingrun_operator import decision, driver_process, local, runfile
 from trainingrun_operator.classification import Context, FailureClass, classify
+from trainingrun_runtime import contract
+from trainingrun_runtime.driver import reporting
 
 RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_not_ready_seconds=60.0, running=True)
 
@@ -81,6 +83,24 @@ def test_a_chaos_killed_driver_is_observed_as_a_preempted_attempt(tiny: local.Lo
     assert observed.exit_code is None and observed.departed[0].disruption == "ChaosKill"
     outcome = classify(observed, RUNNING)
     assert outcome is not None and outcome.failure is FailureClass.PREEMPTED
+
+
+def test_the_supervisor_folds_in_the_report_the_drivers_file_reporter_wrote_for_the_current_attempt(
+    tiny: local.LocalRun,
+) -> None:
+    def written(attempt: int, step: int) -> contract.RuntimeStatus:
+        status = contract.RuntimeStatus(
+            attempt=attempt, step=step, reward=0.5, updated="2025-01-01T00:00:00Z", lastCheckpoint=None,
+            restoreError=None, finished=False, badCheckpoints=[],
+        )  # fmt: skip
+        reporting.FileReporter(tiny.namespace_root, tiny.name, attempt).report(status)  # the driver's --root
+        return status
+
+    written(1, 7)
+    second = written(2, 3)
+    tiny.status = {"phase": "Running", "attempt": {"number": 2}}
+    tiny.fold_report()
+    assert tiny.status[contract.REPORT_FIELD] == second
 
 
 @pytest.mark.parametrize(

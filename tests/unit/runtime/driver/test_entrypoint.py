@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from trainingrun_runtime.contract import Exit
 from trainingrun_runtime.driver import entrypoint, events, setup
 from trainingrun_runtime.errors import (
     CheckpointCorrupt,
@@ -27,14 +28,14 @@ def _argv(tmp_path: Path, config_json: str) -> list[str]:
 
 
 def test_an_unknown_config_field_exits_2_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert entrypoint.main(_argv(tmp_path, '{"trainer": {"grpo": {"clipEpsilon": 0.1}}}')) == entrypoint.EXIT_BAD_CONFIG
+    assert entrypoint.main(_argv(tmp_path, '{"trainer": {"grpo": {"clipEpsilon": 0.1}}}')) == Exit.BAD_CONFIG
     err = capsys.readouterr().err
     assert err.startswith("BadConfig:") and "clipEpsilon" in err
 
 
 def test_malformed_json_and_a_bad_resume_exit_2(tmp_path: Path) -> None:
-    assert entrypoint.main(_argv(tmp_path, "{not json")) == entrypoint.EXIT_BAD_CONFIG
-    assert entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "yesterday"]) == entrypoint.EXIT_BAD_CONFIG
+    assert entrypoint.main(_argv(tmp_path, "{not json")) == Exit.BAD_CONFIG
+    assert entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "yesterday"]) == Exit.BAD_CONFIG
 
 
 def test_a_missing_required_argument_is_a_usage_error_with_exit_2(tmp_path: Path) -> None:
@@ -48,35 +49,35 @@ RESTORE_EXITS: list[tuple[str, BaseException, int, str, str]] = [
     (
         "the step failed verification",
         RestoreFailed(CheckpointCorrupt("step_4/policy/model.pt: checksum mismatch")),
-        entrypoint.EXIT_RESTORE_FAILED,
+        Exit.RESTORE_FAILED,
         "RestoreFailed: CheckpointCorrupt: step_4/policy/model.pt: checksum mismatch",
         "CheckpointCorrupt: step_4/policy/model.pt: checksum mismatch",
     ),
     (
         "the actor's index rebuild found the index and the rows apart",
         PreflightError("the data plane's rows differ from the index"),
-        entrypoint.EXIT_RESTORE_FAILED,
+        Exit.RESTORE_FAILED,
         "RestoreFailed: PreflightError: the data plane's rows differ from the index",
         "PreflightError: the data plane's rows differ from the index",
     ),
     (
         "the actor's index rebuild found another digest",
         DigestError("digest mismatch"),
-        entrypoint.EXIT_RESTORE_FAILED,
+        Exit.RESTORE_FAILED,
         "RestoreFailed: DigestError: digest mismatch",
         "DigestError: digest mismatch",
     ),
     (
         "the checkpoint's math differs from the config",
         ConfigMismatch("spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)"),
-        entrypoint.EXIT_CONFIG_MISMATCH,
+        Exit.CONFIG_MISMATCH,
         "ConfigMismatch: spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)",
         "ConfigMismatch: spec.trainer.grpo.lr: 0.003 -> 0.01 (changed since step_4 was trained)",
     ),
     (
         "I/O interrupted the restore",
         RestoreInterrupted(OSError(5, "Input/output error")),
-        entrypoint.EXIT_RESTORE_INTERRUPTED,
+        Exit.RESTORE_INTERRUPTED,
         "RestoreInterrupted: OSError: [Errno 5] Input/output error (not the checkpoint's fault: a new attempt may "
         "succeed)",
         "RestoreInterrupted: OSError: [Errno 5] Input/output error (not the checkpoint's fault: a new attempt may "
@@ -101,26 +102,13 @@ def test_the_actors_other_errors_are_no_restore_failure(error: BaseException) ->
     assert entrypoint.restore_exit(error) is None
 
 
-def test_the_exit_codes_are_distinct_and_the_operator_reads_the_same_ones() -> None:
-    from trainingrun_operator import classification
-
-    codes = [getattr(entrypoint, name) for name in entrypoint.__all__ if name.startswith("EXIT_")]
-    assert len(set(codes)) == len(codes)
-    for name in ("EXIT_BAD_CONFIG", "EXIT_RESTORE_FAILED", "EXIT_GENERATION_LOST", "EXIT_PREEMPTED",
-                 "EXIT_CONFIG_MISMATCH", "EXIT_RESTORE_INTERRUPTED", "RESTORE_FAILED_PREFIX",
-                 "CONFIG_MISMATCH_PREFIX", "RESTORE_INTERRUPTED_PREFIX"):  # fmt: skip
-        assert getattr(classification, name) == getattr(entrypoint, name), name
-
-
 def test_fallback_steps_are_parsed_and_need_a_pinned_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     opts = entrypoint.parse([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,10"])
     assert opts.resume == "30" and opts.fallback == (20, 10)
     assert entrypoint.parse([*_argv(tmp_path, "{}"), "--resume", "30"]).fallback == ()
-    assert entrypoint.main([*_argv(tmp_path, "{}"), "--fallback", "20"]) == entrypoint.EXIT_BAD_CONFIG
+    assert entrypoint.main([*_argv(tmp_path, "{}"), "--fallback", "20"]) == Exit.BAD_CONFIG
     assert "--fallback" in capsys.readouterr().err
-    assert (
-        entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,x"]) == entrypoint.EXIT_BAD_CONFIG
-    )
+    assert entrypoint.main([*_argv(tmp_path, "{}"), "--resume", "30", "--fallback", "20,x"]) == Exit.BAD_CONFIG
 
 
 def test_the_recorded_manifest_hashes_are_parsed_for_the_pinned_and_fallback_steps_only(
@@ -137,7 +125,7 @@ def test_the_recorded_manifest_hashes_are_parsed_for_the_pinned_and_fallback_ste
         (f"30={'A' * 64}", "64 lowercase hex digits"),
         ("a" * 64, "STEP=HEX"),
     ]:
-        assert entrypoint.main([*pinned, "--manifest-blake3", bad]) == entrypoint.EXIT_BAD_CONFIG, bad
+        assert entrypoint.main([*pinned, "--manifest-blake3", bad]) == Exit.BAD_CONFIG, bad
         err = capsys.readouterr().err
         assert "--manifest-blake3" in err and says in err, (bad, err)
 
@@ -163,7 +151,7 @@ def test_the_run_directory_of_the_old_layout_is_moved_before_the_event_log_opens
 
     monkeypatch.setattr(setup, "setup_single_controller", stop)
     argv = ["--run", "r", "--attempt", "3", "--root", str(root), "--legacy-root", str(tmp_path)]
-    assert entrypoint.main([*argv, "--run-uid", "uid-1", "--config-json", "{}"]) == entrypoint.EXIT_FAILED
+    assert entrypoint.main([*argv, "--run-uid", "uid-1", "--config-json", "{}"]) == Exit.FAILED
     assert reached and reached[0].legacy_root == str(tmp_path)
     assert (root / "r" / "step_10").is_dir() and not (tmp_path / "r").exists()
     names = [e["event"] for e in events.read(events.default_path(root, "r", 3))]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.loop import settle
-from trainingrun_runtime import timestamps
+from trainingrun_runtime import contract, timestamps
 from trainingrun_runtime.driver import reporting
 
 
@@ -23,13 +23,13 @@ class Recorder:
     """
 
     def __init__(self) -> None:
-        self.sent: list[reporting.RuntimeStatus] = []
+        self.sent: list[contract.RuntimeStatus] = []
         self.gate: threading.Event | None = None
         self.fail_next = False
         self.calls = 0
         self._changed = threading.Condition()
 
-    def report(self, status: reporting.RuntimeStatus) -> None:
+    def report(self, status: contract.RuntimeStatus) -> None:
         with self._changed:
             self.calls += 1
             self._changed.notify_all()
@@ -92,11 +92,11 @@ class Training:
         self.step = 0
         self.checkpoint: int | None = None
 
-    def status(self) -> reporting.RuntimeStatus:
+    def status(self) -> contract.RuntimeStatus:
         last = (
             None
             if self.checkpoint is None
-            else reporting.CheckpointReport(
+            else contract.CheckpointReport(
                 step=self.checkpoint,
                 path=f"/c/run/step_{self.checkpoint}",
                 attempt=1,
@@ -105,7 +105,7 @@ class Training:
                 time="t",
             )
         )
-        return reporting.RuntimeStatus(
+        return contract.RuntimeStatus(
             attempt=1,
             step=self.step,
             reward=None,
@@ -250,13 +250,13 @@ def test_the_file_reporter_reads_the_local_supervisors_status_and_nothing_when_t
     assert rep.operator_view() is None  # unreadable: the caller skips retention rather than guess
 
 
-def _status(step: int) -> reporting.RuntimeStatus:
-    return reporting.RuntimeStatus(
+def _status(step: int) -> contract.RuntimeStatus:
+    return contract.RuntimeStatus(
         attempt=2,
         step=step,
         reward=0.5,
         updated=timestamps.now(),
-        lastCheckpoint=reporting.CheckpointReport(
+        lastCheckpoint=contract.CheckpointReport(
             step=step, path=f"/r/run/step_{step}", attempt=2, replayDigest="d", weightsSha256="w", time="t"
         ),
         restoreError=None,
