@@ -3,6 +3,7 @@ change between a driver and an operator of different versions), and the stderr l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,7 @@ def test_the_local_report_file_is_under_the_attempts_directory(tmp_path: Path) -
 def test_the_values_print_as_they_go_on_the_wire() -> None:
     """f-strings, str() and JSON see the value, not the member's name: the driver prints and reports them so."""
     assert f"{Exit.PREEMPTED}" == "5" and str(Prefix.PREEMPTED) == "Preempted:"
+    assert json.dumps({"reason": CheckpointReason.PREEMPTION_NOTICE}) == '{"reason": "PreemptionNotice"}'
     assert contract.line(Prefix.GENERATION_LOST, "no generation worker for 30 s") == (
         "GenerationLost: no generation worker for 30 s"
     )
