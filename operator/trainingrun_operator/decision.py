@@ -79,8 +79,6 @@ __all__ = [
 ]
 
 MAX_CHECKPOINT_HISTORY = 20
-PREEMPTION_NOTICE = "PreemptionNotice"
-"""A checkpoint's reason when the driver saved it on the head pod's notice (`trainingrun_runtime.driver.notice`)."""
 MAX_ATTEMPT_HISTORY = 100
 MAX_LOST_WORKER_PODS = 100  # the CRD's maxItems; above departures.MAX_PER_RUN, so a remembered pod keeps its name
 POLL_SECONDS = 2.0  # re-check while waiting for pods to go (pod deletions also wake the handler)
