@@ -22,7 +22,8 @@ Checkpoints live in DIR/<run>/step_N/ (the operator's DIR ends in the run's name
 before that level, whose <run> directory is moved into DIR if this run owns it: `setup.adopt_legacy_run_dir`).
 Ray: `RAY_ADDRESS` attaches to a cluster (the RayJob case); otherwise a local Ray with `--num-cpus` logical CPUs
 starts.
-This is the only module that prints (the final `RestoreFailed:`, `GenerationLost:`, … line) or sets up logging.
+This is the only module that prints (the final `RestoreFailed:`, `GenerationLost:`, … line); the log's format is
+`logformat`'s.
 
 The operator classifies an attempt by these exit codes and the prefix of the last stderr line, or of
 `status.runtime.restoreError`: the exit codes, the prefixes and the report are `trainingrun_runtime.contract`, which
@@ -44,7 +45,7 @@ import pydantic
 
 from trainingrun_runtime import config, contract, timestamps
 from trainingrun_runtime.contract import Exit, Prefix
-from trainingrun_runtime.driver import events, reporting, restore, setup
+from trainingrun_runtime.driver import events, logformat, reporting, restore, setup
 from trainingrun_runtime.errors import (
     ConfigMismatch,
     DigestError,
@@ -175,7 +176,7 @@ def parse(argv: list[str]) -> setup.DriverOptions:
 
 def main(argv: list[str] | None = None) -> Exit:
     """Run one attempt; returns the exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.configure()
     try:
         opts = parse(sys.argv[1:] if argv is None else argv)
     except ValueError as e:

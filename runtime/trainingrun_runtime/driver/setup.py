@@ -45,6 +45,7 @@ from trainingrun_runtime.driver import (
     crashpoints,
     events,
     generation_workers,
+    logformat,
     placement,
     reporting,
     restore,
@@ -99,11 +100,11 @@ def _init_ray(opts: DriverOptions) -> None:
     # TransferQueue sizes its torch thread pools from this; more than the machine's cores only warns.
     os.environ.setdefault("TQ_NUM_THREADS", str(min(8, os.cpu_count() or 1)))
     address = os.environ.get("RAY_ADDRESS")
-    logging_config = ray.LoggingConfig(log_level="INFO")
+    logformat.plain_worker_prefix()
     if address:
-        ray.init(address=address, logging_config=logging_config)
+        ray.init(address=address, runtime_env=logformat.RUNTIME_ENV)
     else:
-        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, logging_config=logging_config)
+        ray.init(address="local", num_cpus=opts.num_cpus, include_dashboard=False, runtime_env=logformat.RUNTIME_ENV)
 
 
 def _metrics_port() -> int | None:
