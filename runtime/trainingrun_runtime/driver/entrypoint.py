@@ -307,7 +307,7 @@ def _close(built: setup.Setup) -> None:
     try:
         built.trainers.close()
     except Exception:
-        log.exception("closing TransferQueue failed")
+        log.exception("closing TransferQueue or stopping the trainer worker failed")
     _shutdown_ray()
 
 

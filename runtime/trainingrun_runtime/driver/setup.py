@@ -25,21 +25,25 @@ emits an event (`events.EventLog`) so tests can check the order and the benchmar
 can split the start-up time. Any failure while restoring (steps 2 and 5) is raised
 as `RestoreFailed`, which the entrypoint maps by whose fault it is (`restore.refusal`: `contract.Exit`
 RESTORE_FAILED for a step that failed verification, CONFIG_MISMATCH for a config mismatch, RESTORE_INTERRUPTED for
-anything else). How long steps 2 and 5 took together is
-the restore's duration, which the controller exports (`telemetry`).
+anything else). How long steps 2 and 5 took together is the restore's duration, which the controller exports
+(`telemetry`). A failure after step 3 (the controller actor not created included) takes down, newest first, what was
+started: the trainer worker, TransferQueue and the generation workers; once the actor exists, the entrypoint does
+(`entrypoint._close`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from trainingrun_runtime import config
+from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.driver import (
     controller,
     crashpoints,
@@ -130,7 +134,11 @@ def adopt_legacy_run_dir(opts: DriverOptions) -> Path | None:
 
 
 def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
-    """Build and restore everything on the driver, then create the controller actor (see module docstring)."""
+    """Build and restore everything on the driver, then create the controller actor (see module docstring).
+
+    If any step after Ray started fails, what was started is taken down before the error is raised: the controller
+    actor was never created, so nothing else would stop the trainer worker, TransferQueue or the generation workers.
+    """
     tcfg = opts.config.trainer
     # Before anything reads or writes checkpoints: this attempt owns the run directory from now on; a driver of
     # an older attempt that lives on (a partitioned node) stops at its next write (Superseded).
@@ -142,75 +150,95 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     orphaned = _set_aside_orphans(opts, reporter)
     if orphaned:
         ev.emit("checkpoints_set_aside", steps=orphaned)
+    chosen, restore_s = _choose(opts, ev)
+
+    _init_ray(opts)
+    ev.emit("ray_started", metrics_port=_metrics_port())
+    prefix = f"{opts.run}-a{opts.attempt}"
+    head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
+    with contextlib.ExitStack() as undo:  # a failure from here on takes down what was started, newest first
+        # Generation workers first: their processes start while TransferQueue does (they never touch it).
+        generation_options = placement.generation(opts.config.generation)
+        generators: list[Any] = []
+        _on_failure(undo, "the generation workers", lambda: _kill(generators))
+        for i in range(tcfg.generation_workers):
+            generators.append(generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options))
+        the_trainers = trainers.Trainers(tcfg, prefix, head)
+        _on_failure(undo, "the trainer worker and TransferQueue", the_trainers.close)
+        ev.emit("tq_started")
+        rollout = restore.Rollout.fresh(tcfg)
+        began = time.monotonic()
+        restored = restore.restore(chosen, the_trainers, rollout, ev)
+        restore_s += time.monotonic() - began
+        _load_generators(
+            generators, the_trainers, version=rollout.sampler.step, within_s=opts.config.generation.replacement_seconds
+        )
+        ev.emit("generators_ready", version=rollout.sampler.step)
+        args = controller.SingleControllerActorArgs(
+            config=opts.config,
+            run=opts.run,
+            attempt=opts.attempt,
+            root=opts.root,
+            config_hash=config.config_hash(opts.config),
+            trainers=the_trainers,
+            generators=generators,
+            generation_options=generation_options,
+            name_prefix=prefix,
+            loader=rollout.loader,
+            sampler=rollout.sampler,
+            ledger=rollout.ledger,
+            restored=restored,
+            status_reporter=reporter,
+            event_log=ev,
+            crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
+            progress_period_s=opts.progress_period_s,
+            run_uid=opts.run_uid,
+            namespace=opts.namespace,
+            restore_s=restore_s if chosen is not None else None,
+            orphaned=tuple(orphaned[-reporting.ORPHANS_LISTED :]),
+        )
+        the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
+        undo.pop_all()  # created: the entrypoint takes them down from here on (`entrypoint._close`)
+    ev.emit("actor_created")
+    return Setup(actor=the_actor, trainers=the_trainers, args=args)
+
+
+def _choose(opts: DriverOptions, ev: events.EventLog) -> tuple[checkpointer.Selection | None, float]:
+    """Step 2: the checkpoint to resume from (None: a fresh start), and how long choosing it took."""
     began = time.monotonic()
     chosen = restore.choose(
         opts.root,
         opts.run,
         opts.resume,
         opts.config,
-        controller.replay_config(tcfg),
+        controller.replay_config(opts.config.trainer),
         fallback=opts.fallback,
         manifest_blake3=opts.manifest_blake3,
     )
     for bad in restore.rejected_steps(chosen.skipped if chosen is not None else []):
         ev.emit("checkpoint_rejected", step=bad["step"], problem=bad["problem"])
     ev.emit("checkpoint_selected", step=None if chosen is None else chosen.manifest.step)
-    restore_s = time.monotonic() - began
+    return chosen, time.monotonic() - began
 
-    _init_ray(opts)
-    ev.emit("ray_started", metrics_port=_metrics_port())
-    prefix = f"{opts.run}-a{opts.attempt}"
-    head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
-    # Generation workers first: their processes start while TransferQueue does (they never touch it).
-    generation_options = placement.generation(opts.config.generation)
-    generators = [
-        generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options) for i in range(tcfg.generation_workers)
-    ]
-    the_trainers = trainers.Trainers(tcfg, prefix, head)
-    ev.emit("tq_started")
-    rollout = restore.Rollout.fresh(tcfg)
-    began = time.monotonic()
-    try:
-        restored = restore.restore(chosen, the_trainers, rollout, ev)
-    except BaseException:
-        the_trainers.close()
-        raise
-    restore_s += time.monotonic() - began
 
-    try:
-        _load_generators(
-            generators, the_trainers, version=rollout.sampler.step, within_s=opts.config.generation.replacement_seconds
-        )
-    except BaseException:
-        the_trainers.close()
-        raise
-    ev.emit("generators_ready", version=rollout.sampler.step)
-    args = controller.SingleControllerActorArgs(
-        config=opts.config,
-        run=opts.run,
-        attempt=opts.attempt,
-        root=opts.root,
-        config_hash=config.config_hash(opts.config),
-        trainers=the_trainers,
-        generators=generators,
-        generation_options=generation_options,
-        name_prefix=prefix,
-        loader=rollout.loader,
-        sampler=rollout.sampler,
-        ledger=rollout.ledger,
-        restored=restored,
-        status_reporter=reporter,
-        event_log=ev,
-        crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
-        progress_period_s=opts.progress_period_s,
-        run_uid=opts.run_uid,
-        namespace=opts.namespace,
-        restore_s=restore_s if chosen is not None else None,
-        orphaned=tuple(orphaned[-reporting.ORPHANS_LISTED :]),
-    )
-    the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
-    ev.emit("actor_created")
-    return Setup(actor=the_actor, trainers=the_trainers, args=args)
+def _on_failure(undo: contextlib.ExitStack, what: str, take_down: Callable[[], None]) -> None:
+    """Run `take_down` if the setup fails; its own failure is logged, so that the setup's error is what is raised
+    (the entrypoint maps that one to an exit code)."""
+
+    def quietly() -> None:
+        try:
+            take_down()
+        except Exception:
+            log.exception("taking down %s after a failed setup failed too", what)
+
+    undo.callback(quietly)
+
+
+def _kill(actors: list[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
 
 
 def _set_aside_orphans(opts: DriverOptions, reporter: reporting.Reporter) -> list[int]:

@@ -109,9 +109,13 @@ class Trainers:
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
         options = {"name": f"{name_prefix}-trainer", **placement.on_head(head)}
         self.worker: Any = worker_cls.options(**options).remote(cfg)
-        self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
-            storage_units=storage_units, node_id=head
-        )
+        try:
+            self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
+                storage_units=storage_units, node_id=head
+            )
+        except BaseException:
+            self._stop_worker()
+            raise
 
     def __getstate__(self) -> dict[str, Any]:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.
@@ -151,10 +155,18 @@ class Trainers:
         return sha
 
     def close(self) -> None:
-        """Shut TransferQueue down (driver only)."""
-        if self.data_plane is not None:
-            self.data_plane.close()
-            self.data_plane = None
+        """Shut TransferQueue down and stop the trainer worker (driver only: the run is over, or its setup failed)."""
+        try:
+            if self.data_plane is not None:
+                self.data_plane.close()
+                self.data_plane = None
+        finally:
+            self._stop_worker()
+
+    def _stop_worker(self) -> None:
+        import ray
+
+        ray.kill(self.worker, no_restart=True)
 
     # -- used by the controller actor (async) ------------------------------------------------------
 
