@@ -93,14 +93,13 @@ class Checkpoints:
         reason: contract.CheckpointReason = contract.CheckpointReason.PERIODIC,
     ) -> None:
         """Write step N: the policy and the barrier cut now, the commit in the background (see the module)."""
-        a = self._args
         await self.settle()  # one save at a time: begin() fences, then cleans this attempt's and older tmp_step_*
         self._saving_step = step
         started = time.monotonic()
         pending = await asyncio.to_thread(self._saver.begin, step)
         try:
-            weights_sha = await a.trainers.save(pending.path / layout.POLICY)
-            a.crash.reach("policy_saved", step)
+            weights_sha = await self._args.trainers.save(pending.path / layout.POLICY)
+            self._args.crash.reach("policy_saved", step)
             snap = await pending.snapshot(capture=capture)  # the one exclusive barrier cut
         except InventoryMismatch as e:
             pending.abort()
@@ -136,9 +135,8 @@ class Checkpoints:
         the head's deletion began, before the checkpoint's first report came; it then records only the notice's
         checkpoint (`decision._late_notice_checkpoint`), and this one is it: the driver trains no more after it. A
         report the operator has recorded already changes nothing (same step, attempt and path)."""
-        a = self._args
         notice = contract.CheckpointReason.PREEMPTION_NOTICE
-        if self.last is None or self.last["attempt"] != a.attempt or self.last.get("reason") == notice:
+        if self.last is None or self.last["attempt"] != self._args.attempt or self.last.get("reason") == notice:
             return
         again = self.last.copy()
         again["reason"] = notice
@@ -164,18 +162,19 @@ class Checkpoints:
         started: float,
     ) -> None:
         """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
-        a = self._args
         try:
             loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
             await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
             extra = {
-                "config_math": config.math_fields(a.config),
+                "config_math": config.math_fields(self._args.config),
                 "reward": reward,
                 "exclusive_s": snap.exclusive_s,
                 "reason": reason,
             }
             path = await asyncio.to_thread(  # fenced inside, right before the rename
-                lambda: pending.commit(attempt=a.attempt, config_hash=a.config_hash, weights_sha256=sha, extra=extra)
+                lambda: pending.commit(
+                    attempt=self._args.attempt, config_hash=self._args.config_hash, weights_sha256=sha, extra=extra
+                )
             )
         except BaseException:
             pending.abort()
@@ -183,17 +182,17 @@ class Checkpoints:
         self._written.add(step)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
         self.last = contract.CheckpointReport(
-            step=step, path=str(path), attempt=a.attempt, replayDigest=snap.replay_digest,
+            step=step, path=str(path), attempt=self._args.attempt, replayDigest=snap.replay_digest,
             weightsSha256=sha, manifestBlake3=pending.manifest_blake3, time=timestamps.now(), reason=reason,
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
-        a.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
+        self._args.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
                          exclusive_s=snap.exclusive_s, reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
         self.save_s = time.monotonic() - started
         if self._telemetry is not None:
             self._telemetry.checkpoint(self.save_s, snap.exclusive_s)
-        a.crash.reach("reported", step)
+        self._args.crash.reach("reported", step)
         await self._retain(path)
 
     async def _retain(self, path: Path) -> None:
@@ -203,31 +202,30 @@ class Checkpoints:
         trains and saves on; a partitioned node): its reports are no longer recorded, so the step the next
         attempt is pinned to falls behind, and plain keep-last retention would delete it.
         """
-        a = self._args
-        cp = a.config.checkpoint
-        view = await asyncio.to_thread(a.status_reporter.operator_view)
+        cp = self._args.config.checkpoint
+        view = await asyncio.to_thread(self._args.status_reporter.operator_view)
         if view is None:
             log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
             return
-        if view.ended(a.attempt):
+        if view.ended(self._args.attempt):
             raise AttemptEnded(
-                f"the operator ended attempt {a.attempt} (its current attempt: {view.attempt}); this driver lives on "
-                "after its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
+                f"the operator ended attempt {self._args.attempt} (its current attempt: {view.attempt}); "
+                "this driver lives on after its attempt (a pod in its grace period, a partitioned node) and stops "
+                "writing checkpoints"
             )
         protect = () if view.pinned is None else (view.pinned,)
-        lineage = retention.Lineage(resumed_from=a.restored.step, written=frozenset(self._written))
+        lineage = retention.Lineage(resumed_from=self._args.restored.step, written=frozenset(self._written))
         self._fence("apply retention")
         await asyncio.to_thread(
             lambda: retention.apply_retention(
-                a.root, a.run, cp.keep_last, cp.keep_every, verified=path, protect=protect, lineage=lineage,
-                guard=self._fence,
+                self._args.root, self._args.run, cp.keep_last, cp.keep_every, verified=path, protect=protect,
+                lineage=lineage, guard=self._fence,
             )
         )  # fmt: skip
 
     def _fence(self, doing: str) -> None:
         """Superseded if a newer attempt (or a new run of the same name) owns the run directory now."""
-        a = self._args
-        fence.check(layout.run_dir(a.root, a.run), a.run_uid, a.attempt, doing)
+        fence.check(layout.run_dir(self._args.root, self._args.run), self._args.run_uid, self._args.attempt, doing)
 
     def _stage(self, name: str) -> None:
         self._args.crash.reach(name, self._saving_step)

@@ -26,10 +26,11 @@
       or done counts: one checkpoint, not two; a selected batch is trained first only if the step and the save
       both fit), then the answer to the hook, and the pump stops: `run()` returns with `notice` set (`Exit.PREEMPTED`)
 
-`__init__` stores its `SingleControllerActorArgs` and builds nothing. `run()` first
-attaches the process-bound plumbing with the token the driver's restore produced
-(connect-only client, barrier, replay buffer, checkpoint pipeline), rebuilds the replay
-index and checks it against the rows TransferQueue holds, and only then starts the tasks.
+`__init__` stores its `SingleControllerActorArgs`, declares every attribute and builds nothing. `run()` first
+attaches the process-bound plumbing with the token the driver's restore produced (one `Attached` record: connect-only
+client, replay buffer over the barrier, reports, checkpoint pipeline, generation fleet, metrics), rebuilding the
+replay index and checking it against the rows TransferQueue holds, and only then starts the tasks. What a
+checkpoint captures besides the index is a named mapping of `Stateful` parts (`_capture`).
 
 Supervision: every task is named; the first one to fail cancels the others and its
 own exception (not a wrapper) is what `run()` raises. The run ends when the train
@@ -50,7 +51,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -75,7 +77,16 @@ from trainingrun_runtime.errors import PreflightError
 from trainingrun_runtime.grpo import objective, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
 
-__all__ = ["PARTITION", "RunResult", "SingleController", "SingleControllerActorArgs", "capacity", "group_rows"]
+__all__ = [
+    "PARTITION",
+    "Attached",
+    "RunResult",
+    "SingleController",
+    "SingleControllerActorArgs",
+    "Stateful",
+    "capacity",
+    "group_rows",
+]
 
 log = logging.getLogger(__name__)
 
@@ -148,107 +159,132 @@ class RunResult:
     """Set when the run stopped on the head pod's preemption notice: what it saved (the driver exits PREEMPTED)."""
 
 
+class Stateful(Protocol):
+    """Restart-facing state that a checkpoint captures (torch.distributed.checkpoint's `Stateful`): it writes
+    itself out as a mapping, which `restore` hands back to its `load_state_dict` (whose argument types differ)."""
+
+    def state_dict(self) -> Mapping[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Attached:
+    """What `run()` attaches in the actor's process (`_attach`), from the restore's token, before any pump."""
+
+    client: lifecycle.ConnectOnlyDataPlane
+    """The connect-only data-plane client (the rows: rewards read back, advantages written)."""
+    replay: TQReplayBuffer
+    """The replay buffer over that client and the barrier; its index rebuilt from the checkpoint, if any."""
+    reports: reporting.ProgressReports
+    checkpoints: checkpoints.Checkpoints
+    fleet: generation_workers.Fleet
+    metrics: telemetry.DriverMetrics
+
+
 class SingleController:
     """The controller (plain class; `actor()` wraps it as a Ray actor). See the module docstring."""
 
     def __init__(self, args: SingleControllerActorArgs) -> None:
-        self.args = args  # nothing is built here: setup built it, run() attaches it
+        # Nothing is built here: setup built `args`; run() attaches the process-bound plumbing (`Attached`).
+        self.args: SingleControllerActorArgs = args
+        self.version: int = args.sampler.step
+        """The policy version dispatches use: the trainer's step at the last weight sync."""
+        self.rewards: list[float] = []
+        """Each trained step's mean reward, in order."""
+        self._attached: Attached | None = None
+        self._cond: asyncio.Condition = asyncio.Condition()
+        """The dispatch lock: held from choosing a uid until its generate call is submitted, and by a weight sync."""
+        self._rows_ready: asyncio.Event = asyncio.Event()
+        """Set when a group was committed (or a notice came): a train pump waiting for rows looks again."""
+        self._notice: notice.Notice | None = None
+        self._answer: notice.Answer | None = None
+        self._step_s: float | None = None
+        """How long the latest train step took (seconds)."""
+
+    @property
+    def attached(self) -> Attached:
+        """The plumbing `run()` attached; a RuntimeError before that."""
+        if self._attached is None:
+            raise RuntimeError("the controller has not attached yet: run() does that first")
+        return self._attached
 
     # -- start-up -------------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
         """Attach, restore the index, run the pumps until `steps`; raise the first failure as it was."""
-        a = self.args
-        self.telemetry = telemetry.DriverMetrics(a.namespace, a.run)
-        if a.restore_s is not None:
-            self.telemetry.restored(a.restore_s)
-        await self._attach()
-        self._cond = asyncio.Condition()
-        self._rows_ready = asyncio.Event()
-        self.version = a.sampler.step
-        self.rewards: list[float] = []
-        self._notice: notice.Notice | None = None
-        self._answer: notice.Answer | None = None
-        self._step_s: float | None = None
-        self.fleet = generation_workers.Fleet(
-            a.generators,
-            spawn=self._spawn_generator,
-            install=self._install_generator,
-            replacement_s=a.config.generation.replacement_seconds,
-            event_log=a.event_log,
-        )
+        self._attached = await self._attach()
         tasks = {
             asyncio.create_task(self._train_pump(), name="train-pump"),
-            asyncio.create_task(self.fleet.watch(), name="generation-watch"),
+            asyncio.create_task(self.attached.fleet.watch(), name="generation-watch"),
             asyncio.create_task(self._watch_notice(), name="notice-watch"),
         }
-        for i in range(2 * len(self.fleet.slots)):
-            slot = self.fleet.slots[i % len(self.fleet.slots)]
+        for i in range(2 * len(self.attached.fleet.slots)):
+            slot = self.attached.fleet.slots[i % len(self.attached.fleet.slots)]
             tasks.add(asyncio.create_task(self._rollout_lane(slot), name=f"rollout-lane-{i}"))
-        a.event_log.emit("pumps_started", step=a.sampler.step, next_uid=a.loader.next_uid)
-        notice.listen(a.root, a.run, a.attempt)  # from here on, the head's preStop hook waits for an answer
+        self.args.event_log.emit("pumps_started", step=self.args.sampler.step, next_uid=self.args.loader.next_uid)
+        notice.listen(self.args.root, self.args.run, self.args.attempt)  # the head's preStop hook waits for an answer
         try:
             await _supervise(tasks, until="train-pump")
         finally:
-            notice.stop_listening(a.root, a.run, a.attempt)
-            self.fleet.stop()
-        await self.reports.drain()  # the driver's final report comes after every report of this actor
-        sha = await a.trainers.weights_sha256()
-        a.event_log.emit("finished", step=a.sampler.step, weights_sha256=sha)
+            notice.stop_listening(self.args.root, self.args.run, self.args.attempt)
+            self.attached.fleet.stop()
+        await self.attached.reports.drain()  # the driver's final report comes after every report of this actor
+        sha = await self.args.trainers.weights_sha256()
+        self.args.event_log.emit("finished", step=self.args.sampler.step, weights_sha256=sha)
         mean = None if not self.rewards else self.rewards[-1]
-        ckpt = self.checkpoints
-        return RunResult(a.sampler.step, sha, mean, list(self.rewards), ckpt.last, list(ckpt.exclusive_s), self._answer)
+        saved = self.attached.checkpoints
+        return RunResult(
+            self.args.sampler.step, sha, mean, list(self.rewards), saved.last, list(saved.exclusive_s), self._answer
+        )
 
-    async def _attach(self) -> None:
+    async def _attach(self) -> Attached:
         """The process-bound plumbing from the restore's token, and the replay index rebuilt, before any pump."""
-        a = self.args
-        self.client = await asyncio.to_thread(lifecycle.ConnectOnlyDataPlane.connect, a.restored.token)
-        a.event_log.emit("client_connected")
+        metrics = telemetry.DriverMetrics(self.args.namespace, self.args.run)
+        if self.args.restore_s is not None:
+            metrics.restored(self.args.restore_s)
+        client = await asyncio.to_thread(lifecycle.ConnectOnlyDataPlane.connect, self.args.restored.token)
+        self.args.event_log.emit("client_connected")
         barrier = DataPlaneCheckpointBarrier()
-        rc = replay_config(a.config.trainer)
-        self.replay = TQReplayBuffer(
-            self.client, barrier, partition=rc.partition, group_size=rc.group_size, capacity=rc.capacity
-        )
-        a.event_log.emit("buffer_built")
-        if a.restored.replay_state is not None:
+        rc = replay_config(self.args.config.trainer)
+        replay = TQReplayBuffer(client, barrier, partition=rc.partition, group_size=rc.group_size, capacity=rc.capacity)
+        self.args.event_log.emit("buffer_built")
+        if self.args.restored.replay_state is not None:
             # Index only, checked against the rows TransferQueue holds; no write to TQ; before any pump.
-            await self.replay.restore(a.restored.replay_state, expected_digest=a.restored.replay_digest)
-            self._check_ledger_against_index()
-        a.event_log.emit("index_restored", groups=len(self.replay), digest=self.replay.index.digest())
-        self.reports = reporting.ProgressReports(
-            a.status_reporter,
-            lambda: self.status(a.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
-            period_s=a.progress_period_s,
+            await replay.restore(self.args.restored.replay_state, expected_digest=self.args.restored.replay_digest)
+            _check_ledger_against_index(self.args.ledger, replay)
+        self.args.event_log.emit("index_restored", groups=len(replay), digest=replay.index.digest())
+        reports = reporting.ProgressReports(
+            self.args.status_reporter,
+            lambda: self.status(self.args.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
+            period_s=self.args.progress_period_s,
         )
-        self.checkpoints = checkpoints.Checkpoints(
-            a, client=self.client, buffer=self.replay, barrier=barrier, reports=self.reports, telemetry=self.telemetry
+        saved = checkpoints.Checkpoints(
+            self.args, client=client, buffer=replay, barrier=barrier, reports=reports, telemetry=metrics
         )
-
-    def _check_ledger_against_index(self) -> None:
-        committed_uids = sorted(int(g.meta["uid"]) for g in self.replay.groups())
-        ledger_uids = self.args.ledger.in_state(ledger.State.COMMITTED)
-        if committed_uids != ledger_uids:
-            raise PreflightError(
-                f"ledger.json says committed {ledger_uids[:8]}…, replay index holds {committed_uids[:8]}…"
-            )
+        fleet = generation_workers.Fleet(
+            self.args.generators,
+            spawn=self._spawn_generator,
+            install=self._install_generator,
+            replacement_s=self.args.config.generation.replacement_seconds,
+            event_log=self.args.event_log,
+        )
+        return Attached(client=client, replay=replay, reports=reports, checkpoints=saved, fleet=fleet, metrics=metrics)
 
     # -- rollout --------------------------------------------------------------------------------
 
     def _pick(self) -> tuple[int, int, int] | None:
         """The next (uid, dataset index, version) to generate, moved to IN_FLIGHT; None if nothing may go now."""
-        a = self.args
-        for uid in a.ledger.queued():
-            version = a.sampler.dispatch_version(uid, self.version)
+        for uid in self.args.ledger.queued():
+            version = self.args.sampler.dispatch_version(uid, self.version)
             if version is not None:
-                a.ledger.dispatched(uid)
-                return uid, a.ledger.get(uid).index, version
-        last = a.config.trainer.steps * a.config.trainer.prompts_per_step  # nothing past the last step
-        if a.loader.next_uid < min(a.sampler.loader_limit(), last):
-            version = a.sampler.dispatch_version(a.loader.next_uid, self.version)
+                self.args.ledger.dispatched(uid)
+                return uid, self.args.ledger.get(uid).index, version
+        last = self.args.config.trainer.steps * self.args.config.trainer.prompts_per_step  # nothing past the last step
+        if self.args.loader.next_uid < min(self.args.sampler.loader_limit(), last):
+            version = self.args.sampler.dispatch_version(self.args.loader.next_uid, self.version)
             if version is not None:
-                prompt = a.loader.next()
-                a.ledger.left_loader(prompt.uid, prompt.index)  # no await since loader.next()
-                a.ledger.dispatched(prompt.uid)
+                prompt = self.args.loader.next()
+                self.args.ledger.left_loader(prompt.uid, prompt.index)  # no await since loader.next()
+                self.args.ledger.dispatched(prompt.uid)
                 return prompt.uid, prompt.index, version
         return None
 
@@ -264,7 +300,7 @@ class SingleController:
                 await self._cond.wait()
             uid, index, version = picked
             rows = group_rows(uid, g)
-            await self.replay.reserve(rows.group_id, rows.sample_ids, {"uid": uid, "version": version})
+            await self.attached.replay.reserve(rows.group_id, rows.sample_ids, {"uid": uid, "version": version})
             ref = slot.actor.generate.remote(uid, index, version)  # under the lock: no weight sync in between
         return uid, version, ref
 
@@ -281,7 +317,7 @@ class SingleController:
             except Exception as e:
                 if not generation_workers.is_lost(e):
                     raise
-                self.fleet.lost(slot, e)
+                self.attached.fleet.lost(slot, e)
                 await self._return(uid)  # the same prompt, the same sample ids, to another worker
                 continue
             if group["version"] != version:
@@ -291,20 +327,19 @@ class SingleController:
                 "logprobs": group["logprobs"],
                 "rewards": group["rewards"],
             }
-            await self.replay.commit(group_rows(uid, g).group_id, fields)
+            await self.attached.replay.commit(group_rows(uid, g).group_id, fields)
             self.args.ledger.committed(uid, version)  # same loop turn as the commit
             self._rows_ready.set()
-            self.telemetry.rollout()
+            self.attached.metrics.rollout()
 
     # -- training -------------------------------------------------------------------------------
 
     async def _next_selection(self) -> samplers.Selection | None:
         """The sampler's next selection, once the committed rows allow one; None when a notice came meanwhile."""
-        a = self.args
         while True:
             self._rows_ready.clear()
-            committed = {int(r.meta["uid"]): int(r.meta["version"]) for r in self.replay.groups()}
-            selection = a.sampler.select(committed)
+            committed = {int(r.meta["uid"]): int(r.meta["version"]) for r in self.attached.replay.groups()}
+            selection = self.args.sampler.select(committed)
             if selection is not None:
                 return selection
             if self._notice is not None:
@@ -312,13 +347,12 @@ class SingleController:
             await self._rows_ready.wait()
 
     async def _train_pump(self) -> None:
-        a = self.args
-        tcfg = a.config.trainer
-        while a.sampler.step < tcfg.steps:
+        tcfg = self.args.config.trainer
+        while self.args.sampler.step < tcfg.steps:
             if (found := self._noticed()) is not None:
                 await self._stop_on_notice(found)
                 return
-            self.checkpoints.raise_if_failed()
+            self.attached.checkpoints.raise_if_failed()
             selection = await self._next_selection()
             if selection is None:
                 continue
@@ -329,42 +363,48 @@ class SingleController:
             if (found := self._noticed()) is not None and not self._step_fits(found):
                 continue  # the batch stays committed; the boundary saves without this step
             started = time.monotonic()
-            step = a.sampler.step
+            step = self.args.sampler.step
             keys = [sid for uid in selection.train for sid in group_rows(uid, tcfg.grpo.group_size).sample_ids]
             reward = await self._advantage_stage(keys, len(selection.train))
-            stats = await a.trainers.train(PARTITION, keys)
-            a.crash.reach("trained", step + 1)
+            stats = await self.args.trainers.train(PARTITION, keys)
+            self.args.crash.reach("trained", step + 1)
             for uid in selection.train:
-                await self.replay.remove_group(group_rows(uid, tcfg.grpo.group_size).group_id)
-            a.ledger.consumed(selection.train, step)  # the cut cannot fall here: saves run in this task
-            a.sampler.advance()
+                await self.attached.replay.remove_group(group_rows(uid, tcfg.grpo.group_size).group_id)
+            self.args.ledger.consumed(selection.train, step)  # the cut cannot fall here: saves run in this task
+            self.args.sampler.advance()
             self.rewards.append(reward)
             await self._sync_weights()
-            done = a.sampler.step
-            a.event_log.emit("step_done", step=done, reward=reward)
-            self.reports.step_done()  # status.runtime.step, in the background, at most once per period
+            done = self.args.sampler.step
+            self.args.event_log.emit("step_done", step=done, reward=reward)
+            self.attached.reports.step_done()  # status.runtime.step, in the background, at most once per period
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             self._step_s = time.monotonic() - started
-            self.telemetry.step(self._step_s)
+            self.attached.metrics.step(self._step_s)
             if done == tcfg.steps:
-                await self.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.FINAL)
-            elif done % a.config.checkpoint.save_period == 0:
-                await self.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.PERIODIC)
-        await self.checkpoints.settle()
+                await self.attached.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.FINAL)
+            elif done % self.args.config.checkpoint.save_period == 0:
+                await self.attached.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.PERIODIC)
+        await self.attached.checkpoints.settle()
         if self._notice is not None:  # it came with the last step: the final checkpoint answers it
-            notice.answer(a.root, a.run, a.attempt, notice.Answer(a.sampler.step, "the run finished"))
+            notice.answer(
+                self.args.root,
+                self.args.run,
+                self.args.attempt,
+                notice.Answer(self.args.sampler.step, "the run finished"),
+            )
 
     # -- preemption notice ----------------------------------------------------------------------
 
     def _noticed(self) -> notice.Notice | None:
         """The head pod's notice, if it came (a file read: the pump asks at every step boundary)."""
         if self._notice is None:
-            a = self.args
-            found = notice.pending(a.root, a.run, a.attempt)
+            found = notice.pending(self.args.root, self.args.run, self.args.attempt)
             if found is not None:
                 self._notice = found
-                a.event_log.emit("notice", reason=found.reason, seconds_left=round(found.deadline - time.time(), 3))
+                self.args.event_log.emit(
+                    "notice", reason=found.reason, seconds_left=round(found.deadline - time.time(), 3)
+                )
                 log.warning("preemption notice (%s): saving at the next step boundary if it fits", found.reason)
                 self._rows_ready.set()  # a pump waiting for rows looks again
         return self._notice
@@ -377,47 +417,47 @@ class SingleController:
 
     def _step_fits(self, n: notice.Notice) -> bool:
         """Whether one more train step and then a save end before the notice's deadline."""
-        return notice.time_for_a_save(time.time(), n.deadline, self.checkpoints.save_s, self._step_s or 0.0)
+        return notice.time_for_a_save(time.time(), n.deadline, self.attached.checkpoints.save_s, self._step_s or 0.0)
 
     async def _stop_on_notice(self, n: notice.Notice) -> None:
         """At a step boundary after the notice: make sure the newest step is saved if that fits, then answer."""
-        a, ckpt = self.args, self.checkpoints
-        step = a.sampler.step
+        saves = self.attached.checkpoints
+        step = self.args.sampler.step
         answer = notice.Answer(step=None, why="")
         try:
-            under_way = ckpt.committing
-            await ckpt.settle_for_the_notice()  # a save under way finishes either way (an older step's is worth having)
-            if ckpt.last is not None and ckpt.last["step"] == step:  # one checkpoint of this step, not two
+            under_way = saves.committing
+            # A save under way finishes either way (an older step's is worth having).
+            await saves.settle_for_the_notice()
+            if saves.last is not None and saves.last["step"] == step:  # one checkpoint of this step, not two
                 how = "was being saved when the notice came" if under_way == step else "was saved already"
-                await ckpt.answers_notice()
+                await saves.answers_notice()
                 answer = notice.Answer(step, f"step {step} {how}")
-            elif notice.time_for_a_save(time.time(), n.deadline, ckpt.save_s):
+            elif notice.time_for_a_save(time.time(), n.deadline, saves.save_s):
                 reward = self.rewards[-1] if self.rewards else None
-                await ckpt.save(step, reward, self._capture, contract.CheckpointReason.PREEMPTION_NOTICE)
-                await ckpt.settle_for_the_notice()
-                saved = ckpt.last is not None and ckpt.last["step"] == step
+                await saves.save(step, reward, self._capture, contract.CheckpointReason.PREEMPTION_NOTICE)
+                await saves.settle_for_the_notice()
+                saved = saves.last is not None and saves.last["step"] == step
                 answer = notice.Answer(step if saved else None, "saved on the notice" if saved else "save abandoned")
             else:
                 left = n.deadline - time.time()
-                answer = notice.Answer(None, f"no time for a save ({left:.1f}s left; a save takes {ckpt.save_s}s)")
+                answer = notice.Answer(None, f"no time for a save ({left:.1f}s left; a save takes {saves.save_s}s)")
         finally:
             self._answer = answer
-            notice.answer(a.root, a.run, a.attempt, answer)
-            a.event_log.emit("notice_answered", step=answer.step, why=answer.why, at_step=step)
+            notice.answer(self.args.root, self.args.run, self.args.attempt, answer)
+            self.args.event_log.emit("notice_answered", step=answer.step, why=answer.why, at_step=step)
         log.warning("stopping at step %d on the notice: %s", step, answer.why)
 
     async def _return(self, uid: int) -> None:
         """A prompt whose worker was lost goes back to the queue: its reservation dropped, nothing was stored."""
         rows = group_rows(uid, self.args.config.trainer.grpo.group_size)
         async with self._cond:
-            await self.replay.cancel(rows.group_id)
+            await self.attached.replay.cancel(rows.group_id)
             self.args.ledger.returned(uid)  # same loop turn as the cancel
             self._cond.notify_all()
 
     def _spawn_generator(self, index: int, incarnation: int) -> Any:
-        a = self.args
-        name = f"{a.name_prefix}-gen-{index}-r{incarnation}"
-        return generation_workers.spawn(a.config.trainer, name, a.generation_options)
+        name = f"{self.args.name_prefix}-gen-{index}-r{incarnation}"
+        return generation_workers.spawn(self.args.config.trainer, name, self.args.generation_options)
 
     async def _install_generator(self, slot: generation_workers.Slot, actor: Any) -> None:
         """Give a replacement the current weights; from here on every weight sync reaches it too (same lock)."""
@@ -430,47 +470,47 @@ class SingleController:
         g = self.args.config.trainer.grpo.group_size
         async with self._cond:
             for uid in uids:
-                await self.replay.remove_group(group_rows(uid, g).group_id)
+                await self.attached.replay.remove_group(group_rows(uid, g).group_id)
                 self.args.ledger.dropped(uid)  # same loop turn as the removal
             self._cond.notify_all()
 
     async def _advantage_stage(self, keys: list[str], prompts: int) -> float:
         """Read the batch's rewards back, write group-normalised advantages onto the same keys; mean reward."""
         g = self.args.config.trainer.grpo
-        rows = await asyncio.to_thread(self.client.read_rows, PARTITION, keys, ["rewards"])
+        rows = await asyncio.to_thread(self.attached.client.read_rows, PARTITION, keys, ["rewards"])
         rewards = rows["rewards"]
         assert isinstance(rewards, torch.Tensor)
         trainer.deterministic()  # TransferQueue's reads reset torch's thread count; put it back
         advantages = objective.group_advantages(rewards.view(prompts, g.group_size), g.adv_eps).flatten()
-        await asyncio.to_thread(self.client.update_fields, PARTITION, keys, {"advantages": advantages})
+        await asyncio.to_thread(self.attached.client.update_fields, PARTITION, keys, {"advantages": advantages})
         return float(rewards.mean())
 
     async def _sync_weights(self) -> None:
         """Send the trainer's new weights to every generator; later dispatches use the new version."""
-        a = self.args
         async with self._cond:
-            weights = a.trainers.weights_ref()
-            slots = self.fleet.with_actors()
-            loads = [cast(Any, slot.actor).load_weights.remote(a.sampler.step, weights) for slot in slots]
-            self.version = a.sampler.step
+            weights = self.args.trainers.weights_ref()
+            slots = self.attached.fleet.with_actors()
+            loads = [cast(Any, slot.actor).load_weights.remote(self.args.sampler.step, weights) for slot in slots]
+            self.version = self.args.sampler.step
             self._cond.notify_all()
         for slot, result in zip(slots, await asyncio.gather(*loads, return_exceptions=True), strict=True):
             if isinstance(result, BaseException):
                 if not generation_workers.is_lost(result):
                     raise result
-                self.fleet.lost(slot, result)  # its lanes return what they had in flight
+                self.attached.fleet.lost(slot, result)  # its lanes return what they had in flight
 
     # -- checkpoint -----------------------------------------------------------------------------
 
+    def _stateful(self) -> dict[str, Stateful]:
+        """The restart-facing state a checkpoint captures besides the index, by the name it is saved under."""
+        return {"loader": self.args.loader, "sampler": self.args.sampler, "ledger": self.args.ledger}
+
     def _capture(self) -> dict[str, Any]:
-        """Every restart-facing read besides the index; called by the snapshot inside the exclusive cut."""
-        a = self.args
-        return {
-            "loader": dict(a.loader.state_dict()),
-            "sampler": dict(a.sampler.state_dict()),
-            "ledger": a.ledger.state_dict(),
-            "version": self.version,
-        }
+        """Every restart-facing read besides the index (`_stateful`, and the policy version); called by the snapshot
+        inside the exclusive cut."""
+        captured: dict[str, Any] = {name: dict(part.state_dict()) for name, part in self._stateful().items()}
+        captured["version"] = self.version
+        return captured
 
     def status(self, step: int, reward: float | None, *, finished: bool) -> contract.RuntimeStatus:
         """`status.runtime` as of now."""
@@ -479,12 +519,20 @@ class SingleController:
             step=step,
             reward=reward,
             updated=timestamps.now(),
-            lastCheckpoint=self.checkpoints.last,
+            lastCheckpoint=self.attached.checkpoints.last,
             restoreError=None,
             finished=finished,
             badCheckpoints=list(self.args.restored.rejected),
             orphanedCheckpoints=list(self.args.orphaned),
         )
+
+
+def _check_ledger_against_index(the_ledger: ledger.Ledger, replay: TQReplayBuffer) -> None:
+    """PreflightError unless the ledger's committed uids are the groups the rebuilt index holds."""
+    committed_uids = sorted(int(g.meta["uid"]) for g in replay.groups())
+    ledger_uids = the_ledger.in_state(ledger.State.COMMITTED)
+    if committed_uids != ledger_uids:
+        raise PreflightError(f"ledger.json says committed {ledger_uids[:8]}…, replay index holds {committed_uids[:8]}…")
 
 
 async def _supervise(tasks: set[asyncio.Task[None]], *, until: str) -> None:
