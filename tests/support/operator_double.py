@@ -315,7 +315,7 @@ class InProcessOperator:
                     exporter=self.exporter,
                 )
             )
-        except BaseException as exc:  # surfaced by stop()
+        except BaseException as exc:  # re-raised by stop()
             self.error = exc
 
     def start(self) -> InProcessOperator:
@@ -325,7 +325,11 @@ class InProcessOperator:
         return self
 
     def stop(self) -> None:
+        """Stops the operator and re-raises whatever ended its thread: a crash of the operator shows as its own
+        error in the test that ran it, not only as a time-out of what the test waited for next."""
         self.stop_flag.set()
         self.thread.join(60)
-        assert not self.thread.is_alive(), "operator did not stop within 60s"
         self.api.close()
+        assert not self.thread.is_alive(), "operator did not stop within 60s"
+        if self.error is not None:
+            raise self.error
