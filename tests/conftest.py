@@ -41,8 +41,9 @@ import errors
 
 TESTBED_NODES = 2
 
-# The per-file and per-marker time tables at the end of each run (tests/support/timing.py).
-pytest_plugins = ["support.timing"]
+# The per-file and per-marker time tables at the end of each run (tests/support/timing.py); the `chaos_seed`
+# fixture, whose seed a failed test's report prints (tests/support/seeds.py).
+pytest_plugins = ["support.timing", "support.seeds"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from support import launcher
+from support import launcher, weights
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, manifest, verification
@@ -94,6 +94,7 @@ def test_the_killed_run_ends_bit_identical_to_the_uninterrupted_one(runs: Path) 
     for step in sorted(set(straight) & set(killed)):
         # (The replay digests may differ: which in-flight groups were already committed at a cut is timing.)
         assert killed[step].weights_sha256 == straight[step].weights_sha256, f"step {step} diverged"
+    weights.assert_moved({step: m.weights_sha256 for step, m in straight.items()}, at_least=STEPS // 2)
 
 
 def test_the_ledger_shows_every_prompt_consumed_exactly_once_in_order(runs: Path) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import chaos
+from support import weights
 from support.fullloop_runs import head_name, history, recorded_by, reference_run, run_directory
 from trainingrun_runtime.storage import verification
 
@@ -125,6 +126,7 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
     latest = final["checkpoints"]["latest"]
     uninterrupted = json.loads((tmp_path / "gn" / f"step_{steps}" / "manifest.json").read_text())
     assert latest["step"] == steps and latest["weightsSha256"] == uninterrupted["weights_sha256"]
+    weights.assert_moved(weights.recorded(final))  # the notice's checkpoint among them
 
 
 def test_a_grace_period_too_short_for_a_save_leaves_no_torn_checkpoint_and_the_recorded_step_is_used(

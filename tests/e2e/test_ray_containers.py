@@ -97,8 +97,8 @@ def test_a_worker_container_waits_in_kuberays_init_container_reaches_its_head_by
 
 
 def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(
-    loop: Loop, namespace: str, tmp_path: Path
+    loop: Loop, namespace: str, tmp_path: Path, chaos_seed: int
 ) -> None:
     journeys.preemptions_end_with_the_weights_of_an_uninterrupted_run(
-        loop, namespace, tmp_path, image=containers.image("runtime")
+        loop, namespace, tmp_path, seed=chaos_seed, image=containers.image("runtime")
     )

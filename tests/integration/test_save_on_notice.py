@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from support import launcher
+from support import launcher, weights
 from trainingrun_runtime.driver import events, notice
 from trainingrun_runtime.storage import verification
 
@@ -93,12 +93,14 @@ def test_a_notice_with_time_to_spare_saves_the_step_and_the_resumed_run_ends_as_
     report = json.loads((root / "spare" / "attempts" / "1" / "runtime.json").read_text())
     assert report["lastCheckpoint"]["step"] == 6 and report["lastCheckpoint"]["reason"] == "PreemptionNotice"
     assert report["step"] == 6 and report["finished"] is False  # nothing trained past the saved step
+    resumed_from = verification.verify(root / "spare" / "step_6").weights_sha256
     again = launcher.start(run="spare", attempt=2, root=root, config=CONFIG, event_log=root / "spare.jsonl")
     assert again.wait(600) == 0, again.output()[-3000:]
     selected = [e["step"] for e in events.read(root / "spare.jsonl") if e["event"] == "checkpoint_selected"]
     assert selected == [None, 6]
     resumed = steps_on_disk(root, "spare")
     assert verification.verify(root / "spare" / f"step_{STEPS}").weights_sha256 == straight[STEPS]
+    weights.assert_moved({**straight, 6: resumed_from}, at_least=4)
     assert resumed[STEPS]["reason"] == "Final"
 
 

@@ -13,7 +13,6 @@ tests/e2e/test_ray_containers.py.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import chaos
+from support import weights
 from support.fullloop_runs import head_name, manifests, recorded_by, reference_run, run_directory
 
 if TYPE_CHECKING:
@@ -143,16 +143,14 @@ def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = 
 
 
 def preemptions_end_with_the_weights_of_an_uninterrupted_run(
-    loop: Loop, namespace: str, tmp_path: Path, *, image: str | None = None
+    loop: Loop, namespace: str, tmp_path: Path, *, seed: int, image: str | None = None
 ) -> None:
     """Exact resume on the full loop: run `rp` (its Ray pods from `image` if given) preempted three times, once in
     the middle of a save (attempt 2's driver frozen by a crash point after writing a manifest, then evicted without
     a grace period), resumes each time from a recorded checkpoint, never from the interrupted save, and ends with
-    the weights of the same driver command run uninterrupted on a local Ray. Set E2E_CHAOS_SEED to replay the
-    random moments of a failed run (the seed is printed)."""
-    seed = int(os.environ.get("E2E_CHAOS_SEED") or time.time_ns() % 2**31)
+    the weights of the same driver command run uninterrupted on a local Ray. Its random moments come from `seed`
+    (the `chaos_seed` fixture: a failure report prints it, E2E_CHAOS_SEED replays it)."""
     rng = random.Random(seed)
-    print(f"\nE2E_CHAOS_SEED={seed}")
     steps, save_period = 40, 5
     run = loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period})
     if image is not None:
@@ -225,3 +223,4 @@ def preemptions_end_with_the_weights_of_an_uninterrupted_run(
     assert latest["step"] == steps
     uninterrupted = json.loads((tmp_path / "rp" / f"step_{steps}" / "manifest.json").read_text())
     assert latest["weightsSha256"] == uninterrupted["weights_sha256"], (latest, uninterrupted["weights_sha256"])
+    weights.assert_moved(weights.recorded(final))
