@@ -9,11 +9,13 @@ local processes (hack/testbed/containerpods.py):
     dashboard through the forward proxy at the head container's address, and the driver reaching the API server
     through the bed's relay with the per-run ServiceAccount's projected token (in-cluster configuration).
 
-Against it: the user's journey (support/journeys.py: the head evicted, attempt 2 resumes, Succeeded), and what
-only containers show: the checkpoint written to the PVC as the image's user (UID 1000); a worker group's pod
-(KubeRay's init container, the head found by its Service name, the generation worker in it); and exact resume
-across three preemptions, one in the middle of a save (support/journeys.py: the final weights equal those of the
-same driver command run uninterrupted on a local Ray; set E2E_CHAOS_SEED to replay its random moments).
+Against it: exact resume across three preemptions of the head, one in the middle of a save (support/journeys.py:
+every attempt resumes from a recorded step, and the final weights equal those of the same driver command run
+uninterrupted on a local Ray; a failure report prints the seed of its random moments), with what only containers
+show: KubeRay's own command in the run's image, the checkpoint written to the PVC as the image's user (UID 1000),
+the driver's log outliving its evicted container; and a worker group's pod (KubeRay's init container, the head
+found by its Service name, the generation worker in it). The user's journey itself (one eviction, `kubectl wait`,
+the printer columns) runs against the chart's operator in test_chart_operator.py.
 """
 
 from __future__ import annotations
@@ -46,31 +48,6 @@ def full_loop(control_plane: controlplane.ControlPlane) -> Iterator[fullloop.Ful
         yield bed
 
 
-def test_the_journey_runs_on_ray_pods_that_are_containers_of_the_runtime_image_and_writes_as_its_user(
-    loop: Loop, namespace: str
-) -> None:
-    image = containers.image("runtime")
-    figures = journeys.evicted_head_is_survived(loop, namespace, image=image)
-
-    keeper = loop.bed.runner.containers
-    assert keeper is not None
-    heads = [p for p in keeper.pods.values() if p.namespace == namespace and "-head-" in p.name]
-    assert len(heads) == 2, [p.key for p in keeper.pods.values()]  # attempt 1's (evicted) and attempt 2's
-    for head in heads:
-        ray = head.stages[-1].spec
-        assert head.image == image and ray["image"] == image
-        assert "ray start --head" in " ".join(ray.get("args") or []), ray  # KubeRay's command, not rewritten
-        assert any(m.kind == "persistentVolumeClaim" and m.target == "/checkpoints" for _, m in head.stages[-1].binds)
-        assert figures["driver_logged_step_before_eviction"] is not None, "the driver's log outlived its container"
-    assert not loop.bed.runner.pods, "no Ray pod ran as a local process"
-
-    volume = loop.bed.runner.claim_directory(namespace, "tiny-checkpoints")
-    written = [p for p in volume.rglob("*") if p.is_file()]
-    assert any(p.name == "manifest.json" for p in written), sorted(map(str, written))[:20]
-    owners = {p.stat().st_uid for p in written}
-    assert owners == {IMAGE_USER}, {str(p): p.stat().st_uid for p in written if p.stat().st_uid != IMAGE_USER}
-
-
 def test_a_worker_container_waits_in_kuberays_init_container_reaches_its_head_by_service_name_and_generates(
     loop: Loop, namespace: str
 ) -> None:
@@ -96,9 +73,30 @@ def test_a_worker_container_waits_in_kuberays_init_container_reaches_its_head_by
     assert any(":actor_name:Generator" in text for text in actors), [t[:80] for t in actors]
 
 
-def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run(
+def test_three_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run_and_write_as_the_images_user(
     loop: Loop, namespace: str, tmp_path: Path, chaos_seed: int
 ) -> None:
+    image = containers.image("runtime")
     journeys.preemptions_end_with_the_weights_of_an_uninterrupted_run(
-        loop, namespace, tmp_path, seed=chaos_seed, image=containers.image("runtime")
+        loop, namespace, tmp_path, seed=chaos_seed, image=image
     )
+
+    keeper = loop.bed.runner.containers
+    assert keeper is not None
+    heads = [p for p in keeper.pods.values() if p.namespace == namespace and "-head-" in p.name]
+    assert len(heads) == 4, [p.key for p in keeper.pods.values()]  # one per attempt, the three evicted included
+    for head in heads:
+        ray = head.stages[-1].spec
+        assert head.image == image and ray["image"] == image
+        assert "ray start --head" in " ".join(ray.get("args") or []), ray  # KubeRay's command, not rewritten
+        assert any(m.kind == "persistentVolumeClaim" and m.target == "/checkpoints" for _, m in head.stages[-1].binds)
+    (first,) = [h for h in heads if h.name.startswith("rp-a1-")]
+    logged = "".join(first.job_driver_logs().values())
+    assert journeys.STEP_LOG.search(logged), "attempt 1's driver log did not outlive its evicted container"
+    assert not loop.bed.runner.pods, "no Ray pod ran as a local process"
+
+    volume = loop.bed.runner.claim_directory(namespace, "rp-checkpoints")
+    written = [p for p in volume.rglob("*") if p.is_file()]
+    assert any(p.name == "manifest.json" for p in written), sorted(map(str, written))[:20]
+    owners = {p.stat().st_uid for p in written}
+    assert owners == {IMAGE_USER}, {str(p): p.stat().st_uid for p in written if p.stat().st_uid != IMAGE_USER}

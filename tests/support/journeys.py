@@ -4,10 +4,10 @@ real driver checkpoints and reports, the head pod is evicted, attempt 2 resumes 
 succeeds.
 
 Used by tests/e2e/test_chart_operator.py (the chart installed by helm, the operator in its container, Ray pods as
-processes) and tests/e2e/test_ray_containers.py (our operator as its own process, Ray pods as containers): between
-them every part the journey crosses runs as it would on a cluster. Exact resume across preemptions
-(`preemptions_end_with_the_weights_of_an_uninterrupted_run`) is used by tests/e2e/test_full_loop_chaos.py and
-tests/e2e/test_ray_containers.py.
+processes). Exact resume across three preemptions of the head
+(`preemptions_end_with_the_weights_of_an_uninterrupted_run`) runs in tests/e2e/test_ray_containers.py (our operator
+as its own process, Ray pods as containers): between the two, every part the journey crosses runs as it would on a
+cluster.
 """
 
 from __future__ import annotations
