@@ -27,7 +27,7 @@ import ray
 import ray.cluster_utils
 import torch
 
-from support import launcher, waiting
+from support import launcher, waiting, weights
 from trainingrun_runtime import config, contract
 from trainingrun_runtime.driver import events, generation_workers, placement
 from trainingrun_runtime.rollout import ledger
@@ -122,6 +122,9 @@ def test_a_lost_generation_node_costs_no_attempt_no_step_and_no_prompt(
     assert len(by_event["generator_replaced"]) >= 1
     finished = {e["event"]: e for e in events.read(tmp_path / "straight.jsonl")}["finished"]
     assert by_event["finished"][-1]["weights_sha256"] == finished["weights_sha256"]
+    weights.assert_moved(
+        {m.step: m.weights_sha256 for m in map(verification.verify, (tmp_path / "killed").glob("step_*"))}
+    )
     last = verification.open_verified(tmp_path / "killed" / layout.step_dirname(STEPS))
     index_file = torch.load(last.replay_metadata, weights_only=True)
     book = ledger.Ledger()
