@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the test tooling's driver launcher (tests/support)
 
 from support import launcher  # noqa: E402
-from trainingrun_operator import driver_process, processes  # noqa: E402
+from trainingrun_operator.localmode import driver_process, processes  # noqa: E402
 from trainingrun_runtime.driver import events  # noqa: E402
 
 

@@ -9,10 +9,10 @@ Sources and what is generated from them:
   `# BEGIN GENERATED <name>` and `# END GENERATED <name>`: the schema of spec.ray.head.template and of
   spec.ray.workers[].template, which is KubeRay's PodTemplateSpec schema (itself Kubernetes'), narrowed to what a
   fragment may say (metadata: labels and annotations; no field required but the keys of keyed lists), with the
-  CEL rules of trainingrun_operator.podtemplate.cel_rules (what the operator owns, what would escalate; not what
-  the cluster admin may allow, which the chart's ValidatingAdmissionPolicy checks: trainingrun_operator.allowance).
+  CEL rules of trainingrun_operator.core.podtemplate.cel_rules (what the operator owns, what would escalate; not what
+  the cluster admin may allow, which the chart's ValidatingAdmissionPolicy checks: trainingrun_operator.core.allowance).
 - trainingrun_runtime.config.TrainerConfig (the runtime's config model) -> the region `trainer` of the same file:
-  the schema of spec.trainer (trainingrun_operator.crdschema). The rest of that file is written by hand.
+  the schema of spec.trainer (trainingrun_operator.core.crdschema). The rest of that file is written by hand.
 - manifests/crd/trainingrun.dev_trainingruns.yaml (source) -> charts/trainingrun/crds/ (a byte-identical copy)
 - charts/trainingrun/ (source) -> manifests/deploy/trainingrun-operator.yaml (`helm template` with the chart's
   default values, release `trainingrun` in namespace `trainingrun-system`; for `kubectl apply` without Helm)
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO / "hack" / "testbed"))
 
 import binaries  # noqa: E402  (hack/testbed: where the pinned KubeRay module is)
-from trainingrun_operator import crdschema, podtemplate  # noqa: E402
+from trainingrun_operator.core import crdschema, podtemplate  # noqa: E402
 
 CRD_SOURCE = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
 CRD_COPY = REPO / "charts" / "trainingrun" / "crds" / CRD_SOURCE.name

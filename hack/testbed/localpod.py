@@ -20,7 +20,7 @@ from pathlib import Path
 import components
 import mountpoints
 import raystart
-from trainingrun_operator import processes
+from trainingrun_operator.localmode import processes
 
 POD_MARKER = "TRUN_TESTBED_POD"
 

@@ -30,10 +30,10 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainingrun_operator import allowance, errors, netpolicy
+from trainingrun_operator.core import allowance, errors, netpolicy
 
 if TYPE_CHECKING:
-    from trainingrun_operator import apiclient, metrics
+    from trainingrun_operator.kube import apiclient, metrics
 
 __all__ = ["main", "operate"]
 
@@ -65,7 +65,7 @@ async def operate(
     reach them (each run's NetworkPolicy; None: none is made); `allow`: what the cluster admin allows in pod
     templates (the chart's podSecurity.allow; nothing by default).
     """
-    from trainingrun_operator import handlers
+    from trainingrun_operator.kube import handlers
 
     await handlers.run(
         api,
@@ -118,7 +118,7 @@ def _network(args: argparse.Namespace) -> netpolicy.Sources | None:
 
 
 def _operator_command(args: argparse.Namespace) -> int:
-    from trainingrun_operator import apiclient, metrics
+    from trainingrun_operator.kube import apiclient, metrics
 
     if args.metrics_address:
         try:
@@ -151,7 +151,7 @@ def _operator_command(args: argparse.Namespace) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from trainingrun_operator import local
+    from trainingrun_operator.localmode import local
 
     return local.run_file(pathlib.Path(args.file), root=pathlib.Path(args.root), chaos=args.chaos, seed=args.chaos_seed)
 

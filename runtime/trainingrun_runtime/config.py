@@ -15,7 +15,7 @@ unknown keys are an error that names the field (`extra="forbid"`).
 
 Every number has an upper bound as well as a lower one, generous but finite (`MAX_STEPS` for a count of steps,
 the widths of a model far larger than this one): the CRD's `spec.trainer` schema is generated from these fields
-(`trainingrun_operator.crdschema`), so the API server refuses at admission a value no run could use.
+(`trainingrun_operator.core.crdschema`), so the API server refuses at admission a value no run could use.
 
 The config hash covers ONLY the math-relevant fields, listed in `MATH_FIELDS`:
 
@@ -76,7 +76,7 @@ server holds a schema's bounds (2**63 - 1, rounded up to 2**63, would refuse eve
 
 
 def _cel_heads_divide_width(schema: dict[str, Any], cls: type[BaseModel]) -> None:
-    """`_heads_divide_width` in CEL, for the CRD (trainingrun_operator.crdschema): the API server checks it at
+    """`_heads_divide_width` in CEL, for the CRD (trainingrun_operator.core.crdschema): the API server checks it at
     admission. An absent field has its default here, which the rule reads from the model."""
     width, heads = cls.model_fields["d_model"].default, cls.model_fields["n_heads"].default
     schema["x-kubernetes-validations"] = [

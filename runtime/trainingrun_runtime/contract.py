@@ -7,15 +7,16 @@ imports it without torch or Ray (pyproject.toml's import-linter contracts allow 
 pins them all).
 
     piece                 written by                                  read by (trainingrun_operator.)
-    Exit                  driver.entrypoint: the process's exit code  classification: a local driver's code, or
-                                                                      "exit code N" in KubeRay's RayJob message
-    Prefix, line          driver.entrypoint: the last stderr line     classification (`said_after`): a local driver's
-                                                                      log tail, or the logs in KubeRay's message
-    restoreError          driver.entrypoint: a failed restore's line  classification, first rule
-    CheckpointReason      driver.controller, driver.checkpoints       decision (a PreemptionNotice checkpoint)
-    RuntimeStatus         driver.reporting: status.runtime (a merge   model.RuntimeReport (the operator's parsed view;
-      (the report)        patch, REPORT_FIELD), or in local mode the  the CRD declares the same fields: test_crd),
-                          file `report_file`                          local, wakeups
+    Exit                  driver.entrypoint: the process's exit code  core.classification: a local driver's code,
+                                                                      or "exit code N" in KubeRay's RayJob message
+    Prefix, line          driver.entrypoint: the last stderr line     core.classification (`said_after`): a local
+                                                                      driver's log tail, or the logs in KubeRay's
+                                                                      message
+    restoreError          driver.entrypoint: a failed restore's line  core.classification, first rule
+    CheckpointReason      driver.controller, driver.checkpoints       core.decision (a PreemptionNotice checkpoint)
+    RuntimeStatus         driver.reporting: status.runtime (a merge   core.model.RuntimeReport (the operator's parsed
+      (the report)        patch, REPORT_FIELD), or in local mode the  view; the CRD declares the same fields:
+                          file `report_file`                          test_crd), localmode.local, kube.wakeups
 
 A failed restore's `status.runtime.restoreError` is its stderr line, but a `RestoreFailed: ` line is reported
 without that prefix: a report that starts with no other prefix is a step that failed verification.

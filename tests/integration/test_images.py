@@ -27,7 +27,7 @@ import yaml
 import components
 from support import containers
 from support.operator_double import REPO, Cluster, KubeRayDouble, eventually, tiny_run
-from trainingrun_operator import driver_process
+from trainingrun_operator.localmode import driver_process
 from trainingrun_runtime.storage import layout, verification
 
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(1800)]

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from support import waiting
-from trainingrun_operator import driver_process, local, processes
+from trainingrun_operator.localmode import driver_process, local, processes
 from trainingrun_runtime import timestamps
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ import yaml
 
 from support.chart import render
 from support.operator_double import eventually, tiny_run
-from trainingrun_operator import allowance
+from trainingrun_operator.core import allowance
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from support.operator_double import (
     eventually,
     tiny_run,
 )
-from trainingrun_operator import apiclient
+from trainingrun_operator.kube import apiclient
 
 pytestmark = pytest.mark.cluster
 
@@ -185,7 +185,7 @@ def test_an_operator_killed_mid_reconcile_restarts_without_duplicates_or_lost_st
 
 
 def test_creating_an_existing_rayjob_adopts_it_instead_of_failing(control_plane: Any, cluster: Cluster) -> None:
-    from trainingrun_operator import model, rayjob
+    from trainingrun_operator.core import model, rayjob
 
     created = cluster.apply_run(tiny_run())
     spec = model.TrainingRunSpec.model_validate(created["spec"])

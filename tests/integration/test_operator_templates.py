@@ -18,7 +18,7 @@ import yaml
 
 from support import templates
 from support.operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually
-from trainingrun_operator import model, rayjob
+from trainingrun_operator.core import model, rayjob
 
 pytestmark = pytest.mark.cluster
 

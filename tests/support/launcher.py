@@ -4,7 +4,7 @@
     proc.wait_for_marker("data_plane_saved", 4, timeout=300)   # frozen exactly there (`driver.crashpoints`)
     proc.kill()                                               # SIGKILL to the driver, its Ray and every actor
 
-A thin layer over the local backend's `trainingrun_operator.driver_process` (the same command line, the same
+A thin layer over the local backend's `trainingrun_operator.localmode.driver_process` (the same command line, the same
 marker that reaches every process the driver starts); it adds the crash points and a log per attempt. Output
 goes to ROOT/RUN/attempts/N/driver.log.
 """
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainingrun_operator import driver_process
+from trainingrun_operator.localmode import driver_process
 from trainingrun_runtime.driver import crashpoints
 
 __all__ = ["Driver", "start"]

@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from support import waiting
-from trainingrun_operator import apiclient, cli, metrics
+from trainingrun_operator import cli
+from trainingrun_operator.kube import apiclient, metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 T = TypeVar("T")

@@ -22,7 +22,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The admin's allow-list (podSecurity.allow) as the comma-separated lists that both the admission policy's
 ConfigMap and the operator's flags carry, so the two never disagree. An entry that cannot be one fails the render;
-the operator refuses the same entries (trainingrun_operator/allowance.py: parse). */}}
+the operator refuses the same entries (trainingrun_operator/core/allowance.py: parse). */}}
 {{- define "trainingrun.allowedCapabilities" -}}
 {{- range .Values.podSecurity.allow.capabilities }}
 {{- if or (not (regexMatch "^[A-Z][A-Z0-9_]*$" (toString .))) (eq (toString .) "ALL") }}

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from support import mutations
-from trainingrun_operator import validation
+from trainingrun_operator.core import validation
 
 CORPUS = mutations.corpus()
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from support import templates
-from trainingrun_operator import allowance, model, podtemplate, validation
+from trainingrun_operator.core import allowance, model, podtemplate, validation
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 RENDERED = REPO / "manifests" / "deploy" / "trainingrun-operator.yaml"

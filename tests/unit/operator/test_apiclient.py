@@ -14,7 +14,8 @@ import kubernetes.client
 import pytest
 import yaml
 
-from trainingrun_operator import apiclient, events, model, netpolicy
+from trainingrun_operator.core import events, model, netpolicy
+from trainingrun_operator.kube import apiclient
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 SPEC = model.TrainingRunSpec.model_validate(yaml.safe_load(EXAMPLE.read_text())["spec"])

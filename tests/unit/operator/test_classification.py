@@ -10,9 +10,16 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import observation, watchdog
-from trainingrun_operator.classification import Context, FailureClass, LostWorker, classify, grace_left, lost_workers
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import observation, watchdog
+from trainingrun_operator.core.classification import (
+    Context,
+    FailureClass,
+    LostWorker,
+    classify,
+    grace_left,
+    lost_workers,
+)
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 
 T0 = datetime.datetime(2025, 1, 1, 12, tzinfo=datetime.UTC)
 GRACE = 60.0

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import cli, local
+from trainingrun_operator import cli
+from trainingrun_operator.localmode import local
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 
@@ -223,7 +224,7 @@ def operator_settings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, 
     """What `trainingrun operator ARGV` hands cli.operate (no cluster: the credentials and the operator are fakes)."""
     import kubernetes.client
 
-    from trainingrun_operator import apiclient
+    from trainingrun_operator.kube import apiclient
 
     handed: dict[str, Any] = {}
 
@@ -237,7 +238,7 @@ def operator_settings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> dict[str, 
 
 
 def test_the_network_policy_flags_become_the_sources_of_every_run_s_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainingrun_operator import netpolicy
+    from trainingrun_operator.core import netpolicy
 
     assert operator_settings(monkeypatch)["network"] == netpolicy.DEFAULT
     given = operator_settings(
@@ -257,7 +258,7 @@ def test_the_network_policy_flags_become_the_sources_of_every_run_s_policy(monke
 
 
 def test_the_allow_list_flags_become_the_allowance_of_every_run_s_templates(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainingrun_operator import allowance
+    from trainingrun_operator.core import allowance
 
     assert operator_settings(monkeypatch)["allow"] == allowance.NONE
     given = operator_settings(monkeypatch, "--allow-capabilities=IPC_LOCK,SYS_RESOURCE", "--allow-host-paths=/dev/x/")

@@ -23,8 +23,8 @@ import pydantic
 import pytest
 import yaml
 
-from trainingrun_operator import decision, model, patching
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, model, patching
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 from trainingrun_runtime import contract
 from trainingrun_runtime.config import RuntimeConfig
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import pydantic
 import pytest
 
-from trainingrun_operator import crdschema
+from trainingrun_operator.core import crdschema
 from trainingrun_runtime.config import TrainerConfig
 
 

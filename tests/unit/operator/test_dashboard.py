@@ -13,7 +13,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support import dashboards
-from trainingrun_operator import metrics, model
+from trainingrun_operator.core import model
+from trainingrun_operator.kube import metrics
 from trainingrun_runtime.driver import telemetry
 
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import decision, model, patching
-from trainingrun_operator.decision import CreateAttempt, DeleteRayJob, EnsureIdentity, Event
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, model, patching
+from trainingrun_operator.core.decision import CreateAttempt, DeleteRayJob, EnsureIdentity, Event
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"

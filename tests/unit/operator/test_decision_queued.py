@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import decision, model, patching, queueing
-from trainingrun_operator.decision import CreateAttempt, DeleteRayJob, Event
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, model, patching, queueing
+from trainingrun_operator.core.decision import CreateAttempt, DeleteRayJob, Event
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)

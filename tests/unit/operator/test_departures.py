@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime
 
-from trainingrun_operator import decision, departures
-from trainingrun_operator.classification import Context, FailureClass, classify
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, departures
+from trainingrun_operator.core.classification import Context, FailureClass, classify
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 
 RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_not_ready_seconds=60.0, running=True)
 EVICTED_HEAD = PodObservation(name="h", node_type="head", deleting=True, disruption="EvictionByEvictionAPI")

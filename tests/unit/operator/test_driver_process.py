@@ -9,7 +9,7 @@ import sys
 import time
 
 from support import waiting
-from trainingrun_operator import driver_process, processes
+from trainingrun_operator.localmode import driver_process, processes
 
 
 def test_the_command_line_carries_every_argument_the_entrypoint_takes() -> None:
@@ -81,7 +81,7 @@ def test_a_driver_bound_to_its_parent_dies_when_the_parent_is_killed(tmp_path: p
     # The "supervisor" starts its "driver" bound to itself, in a session of its own, and is then SIGKILLed.
     supervisor = (
         "import os, subprocess, sys, time\n"
-        "from trainingrun_operator import driver_process\n"
+        "from trainingrun_operator.localmode import driver_process\n"
         "argv = driver_process.bound_to_parent([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "child = subprocess.Popen(argv, start_new_session=True)\n"
         "print(child.pid, flush=True)\n"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import typing
 
-from trainingrun_operator import apiclient, decision, events, reconciler
-from trainingrun_operator.classification import FailureClass
+from trainingrun_operator.core import decision, events
+from trainingrun_operator.core.classification import FailureClass
+from trainingrun_operator.kube import apiclient, reconciler
 
 WIRE = {
     "ATTEMPT_STARTED": "AttemptStarted",

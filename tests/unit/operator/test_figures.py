@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import decision, figures, model, patching
-from trainingrun_operator.figures import Memory, Tally
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, figures, model, patching
+from trainingrun_operator.core.figures import Memory, Tally
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"

@@ -16,7 +16,8 @@ import kopf
 import pytest
 import yaml
 
-from trainingrun_operator import errors, handlers, reconciler
+from trainingrun_operator.core import errors
+from trainingrun_operator.kube import handlers, reconciler
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
 
@@ -62,7 +63,8 @@ def test_kopf_keeps_no_copy_of_the_spec_on_the_run() -> None:
 
 
 async def test_a_deleted_runs_series_go_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainingrun_operator import model, reconciler
+    from trainingrun_operator.core import model
+    from trainingrun_operator.kube import reconciler
 
     async def finalize(api: Any, namespace: str, name: str) -> list[str]:
         return []
@@ -216,7 +218,7 @@ def test_the_backoff_after_any_number_of_failed_passes_is_capped_and_never_overf
 
 
 async def test_every_pass_gets_the_operator_s_network_policy_sources(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainingrun_operator import netpolicy
+    from trainingrun_operator.core import netpolicy
 
     stopped, handed = Stopped(), []
 

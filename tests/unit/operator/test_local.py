@@ -18,8 +18,9 @@ import sys
 
 import pytest
 
-from trainingrun_operator import decision, driver_process, local, runfile
-from trainingrun_operator.classification import Context, FailureClass, classify
+from trainingrun_operator.core import decision
+from trainingrun_operator.core.classification import Context, FailureClass, classify
+from trainingrun_operator.localmode import driver_process, local, runfile
 from trainingrun_runtime import contract
 from trainingrun_runtime.driver import reporting
 

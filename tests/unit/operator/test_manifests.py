@@ -12,7 +12,7 @@ import re
 
 import yaml
 
-from trainingrun_operator import crdschema
+from trainingrun_operator.core import crdschema
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "trainingrun"

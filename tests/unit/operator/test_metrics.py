@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainingrun_operator import figures, metrics, model
+from trainingrun_operator.core import figures, model
+from trainingrun_operator.kube import metrics
 
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 RUN_LABELS = {"namespace", "name"}

@@ -11,7 +11,7 @@ import kubernetes.client
 import pytest
 import yaml
 
-from trainingrun_operator import model, naming, netpolicy, podtemplate, rayjob
+from trainingrun_operator.core import model, naming, netpolicy, podtemplate, rayjob
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import identity, observation
+from trainingrun_operator.core import identity, observation
 
 OWNER = {"apiVersion": "trainingrun.dev/v1alpha1", "kind": "TrainingRun", "name": "tiny", "uid": "u-1"}
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import patching
+from trainingrun_operator.core import patching
 
 CASES: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     ({}, {"a": 1}, {"a": 1}),

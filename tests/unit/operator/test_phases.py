@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from trainingrun_operator import errors
-from trainingrun_operator.phases import TERMINAL, TRANSITIONS, Phase, check_transition
+from trainingrun_operator.core import errors
+from trainingrun_operator.core.phases import TERMINAL, TRANSITIONS, Phase, check_transition
 
 P = Phase
 ALLOWED = {

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from support import templates
-from trainingrun_operator import model, podtemplate, rayjob, validation
+from trainingrun_operator.core import model, podtemplate, rayjob, validation
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
 LABELS = {"trainingrun.dev/run": "r", "trainingrun.dev/attempt": "2", "app.kubernetes.io/managed-by": "x"}

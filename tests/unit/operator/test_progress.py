@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import model, progress
+from trainingrun_operator.core import model, progress
 from trainingrun_runtime import timestamps
 
 T0 = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)

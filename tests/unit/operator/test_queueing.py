@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from trainingrun_operator import queueing
+from trainingrun_operator.core import queueing
 
 RENDERED = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "deploy" / "trainingrun-operator.yaml"
 

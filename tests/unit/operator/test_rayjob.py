@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from support import templates
-from trainingrun_operator import identity, model, queueing, rayjob
+from trainingrun_operator.core import identity, model, queueing, rayjob
 from trainingrun_runtime.config import RuntimeConfig
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -189,7 +189,7 @@ def test_driver_role_allows_get_and_patch_on_this_runs_status_only() -> None:
 
 
 def test_the_longest_run_name_the_crd_allows_still_fits_kuberays_rayjob_name_limit() -> None:
-    from trainingrun_operator import naming
+    from trainingrun_operator.core import naming
 
     assert len(naming.rayjob_name("r" * 40, 99_999)) <= 47
 

@@ -11,13 +11,13 @@ import sys
 import time
 
 from support import waiting
-from trainingrun_operator import driver_process, processes, reaper
+from trainingrun_operator.localmode import driver_process, processes, reaper
 
 KEY = driver_process.MARKER_ENV
 
 SUPERVISOR = """\
 import os, pathlib, subprocess, sys, time
-from trainingrun_operator import reaper
+from trainingrun_operator.localmode import reaper
 key, prefix, log = sys.argv[1:]
 guard = reaper.start(key, prefix, pathlib.Path(log))
 for attempt in (1, 2):  # e.g. a driver and a Ray agent it left, each in a session of its own

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import allowance, errors, metrics, patching, reconciler, wakeups
+from trainingrun_operator.core import allowance, errors, patching
+from trainingrun_operator.kube import metrics, reconciler, wakeups
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"
@@ -272,7 +273,7 @@ async def test_a_zero_delay_stays_zero_however_long_the_pass_took() -> None:
 async def test_a_deleted_head_seen_as_a_disruption_target_is_preempted_even_if_the_condition_is_gone() -> None:
     """A status write after the DisruptionTarget condition (kwok's, a kubelet's) can replace the conditions before the
     pod's deletion is observed: the watch's memory of the disruption still decides."""
-    from trainingrun_operator import departures, observation
+    from trainingrun_operator.core import departures, observation
 
     run, _jobs = running_attempt_whose_rayjob_failed()
     job = rayjob(jobDeploymentStatus="Running", jobStatus="RUNNING")
@@ -435,7 +436,7 @@ ANOTHER_RUN = {**OWNER, "uid": "u-old"}
 
 
 def identity_bodies() -> dict[str, dict[str, Any]]:
-    from trainingrun_operator import identity
+    from trainingrun_operator.core import identity
 
     return {
         "ServiceAccount": identity.build_service_account("tiny", "ns", "u-1"),
@@ -581,7 +582,7 @@ async def test_a_forged_pod_with_the_run_s_labels_is_not_a_lost_worker_of_the_ru
 
 
 async def test_a_forged_pod_the_watch_saw_disrupted_and_gone_is_not_a_departure_of_the_run() -> None:
-    from trainingrun_operator import departures, observation
+    from trainingrun_operator.core import departures, observation
 
     run, jobs = running_attempt_whose_rayjob_failed()
     jobs[0]["status"].update(jobDeploymentStatus="Running", jobStatus="RUNNING", reason="", message="")
@@ -622,7 +623,7 @@ async def test_a_pod_of_the_ended_attempt_whose_rayjob_is_gone_still_holds_back_
 
 def network_policy(sources: Any = None) -> dict[str, Any]:
     """The NetworkPolicy the operator writes for `tiny()` (with the default settings unless `sources`)."""
-    from trainingrun_operator import netpolicy
+    from trainingrun_operator.core import netpolicy
 
     spec = reconciler.read(tiny()).spec
     assert spec is not None
@@ -699,7 +700,7 @@ async def test_the_run_s_own_network_policy_that_admits_otherwise_is_set_back_be
 
 
 async def test_the_kuberay_and_metrics_sources_come_from_the_settings() -> None:
-    from trainingrun_operator import netpolicy
+    from trainingrun_operator.core import netpolicy
 
     sources = netpolicy.Sources(
         kuberay_labels={"app": "kuberay"}, kuberay_namespace="ray-system", metrics_namespaces=("monitoring",)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainingrun_operator import model, restarts
-from trainingrun_operator.classification import FailureClass
+from trainingrun_operator.core import model, restarts
+from trainingrun_operator.core.classification import FailureClass
 
 
 @pytest.mark.parametrize(

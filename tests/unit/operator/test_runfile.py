@@ -8,7 +8,8 @@ import pathlib
 import pytest
 import yaml
 
-from trainingrun_operator import errors, runfile
+from trainingrun_operator.core import errors
+from trainingrun_operator.localmode import runfile
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "manifests" / "examples" / "tiny.yaml"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun_operator import decision, model, patching, restarts, validation, watchdog
-from trainingrun_operator.observation import AttemptObservation, PodObservation, RayJobObservation
+from trainingrun_operator.core import decision, model, patching, restarts, validation, watchdog
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
 from trainingrun_runtime import timestamps
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples" / "tiny.yaml"

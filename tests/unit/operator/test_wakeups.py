@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from trainingrun_operator import wakeups
+from trainingrun_operator.kube import wakeups
 
 
 async def test_several_wakes_before_a_wait_coalesce_into_one() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainingrun_operator import model, watchdog
+from trainingrun_operator.core import model, watchdog
 
 T0 = datetime.datetime(2025, 1, 1, 12, tzinfo=datetime.UTC)
 

@@ -32,7 +32,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainingrun_operator import model, naming, podtemplate, queueing, validation
+from trainingrun_operator.core import model, naming, podtemplate, queueing, validation
 from trainingrun_runtime.config import GENERATION_RESOURCE
 
 __all__ = [

@@ -63,8 +63,8 @@ import dataclasses
 import datetime
 import enum
 
-from trainingrun_operator import watchdog
-from trainingrun_operator.observation import (
+from trainingrun_operator.core import watchdog
+from trainingrun_operator.core.observation import (
     EVICTION_REASONS,
     AttemptObservation,
     PodObservation,

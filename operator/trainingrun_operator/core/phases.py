@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-from trainingrun_operator import errors
+from trainingrun_operator.core import errors
 
 __all__ = ["TERMINAL", "TRANSITIONS", "Phase", "check_transition"]
 

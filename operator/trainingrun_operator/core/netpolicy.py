@@ -33,8 +33,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainingrun_operator import model, naming
-from trainingrun_operator.rayjob import owner_reference
+from trainingrun_operator.core import model, naming
+from trainingrun_operator.core.rayjob import owner_reference
 
 __all__ = [
     "DASHBOARD_PORT",

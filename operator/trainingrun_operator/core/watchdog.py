@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from trainingrun_operator import model
+from trainingrun_operator.core import model
 from trainingrun_runtime import timestamps
 
 __all__ = ["Watch", "watch"]

@@ -1,5 +1,5 @@
 """The local supervisor's reaper: a small process whose only job is to take the supervisor's attempts down with it.
-Started by `local.LocalRun.supervise` (`start`), run as `python -m trainingrun_operator.reaper KEY PREFIX`.
+Started by `local.LocalRun.supervise` (`start`), run as `python -m trainingrun_operator.localmode.reaper KEY PREFIX`.
 Standard library only.
 
     trainingrun run ──pipe: the reaper's stdin──► reaper    reads until EOF: the supervisor is gone, by any death
@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from trainingrun_operator import processes
+from trainingrun_operator.localmode import processes
 
 __all__ = ["Reaper", "main", "start", "sweep"]
 
@@ -84,7 +84,7 @@ def start(key: str, prefix: str, log_path: pathlib.Path) -> Reaper:
     The pipe's write end is not inheritable (PEP 446), so no driver started later holds it open."""
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "trainingrun_operator.reaper", key, prefix],
+            [sys.executable, "-m", "trainingrun_operator.localmode.reaper", key, prefix],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,

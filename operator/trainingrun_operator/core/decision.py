@@ -45,7 +45,7 @@ import dataclasses
 import datetime
 from typing import Any
 
-from trainingrun_operator import (
+from trainingrun_operator.core import (
     allowance,
     conditions,
     events,
@@ -59,9 +59,9 @@ from trainingrun_operator import (
     validation,
     watchdog,
 )
-from trainingrun_operator.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
-from trainingrun_operator.observation import AttemptObservation
-from trainingrun_operator.phases import Phase
+from trainingrun_operator.core.classification import Context, FailureClass, Outcome, classify, grace_left, lost_workers
+from trainingrun_operator.core.observation import AttemptObservation
+from trainingrun_operator.core.phases import Phase
 from trainingrun_runtime import contract, timestamps
 
 __all__ = [

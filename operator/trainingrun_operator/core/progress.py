@@ -29,8 +29,8 @@ from __future__ import annotations
 import datetime
 import math
 
-from trainingrun_operator import model
-from trainingrun_operator.phases import Phase
+from trainingrun_operator.core import model
+from trainingrun_operator.core.phases import Phase
 from trainingrun_runtime import timestamps
 from trainingrun_runtime.config import TrainerConfig
 

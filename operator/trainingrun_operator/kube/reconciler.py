@@ -35,9 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from trainingrun_operator import (
+from trainingrun_operator.core import (
     allowance,
-    apiclient,
     decision,
     departures,
     errors,
@@ -51,11 +50,11 @@ from trainingrun_operator import (
     queueing,
     rayjob,
     validation,
-    wakeups,
 )
+from trainingrun_operator.kube import apiclient, wakeups
 
 if TYPE_CHECKING:
-    from trainingrun_operator import metrics as metrics_
+    from trainingrun_operator.kube import metrics as metrics_
 
 __all__ = ["Clock", "Snapshot", "finalize", "gather", "observe", "read", "reconcile", "utc_now"]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-from trainingrun_operator.classification import FailureClass
+from trainingrun_operator.core.classification import FailureClass
 
 __all__ = ["Reason", "Type", "for_failure"]
 

@@ -12,7 +12,7 @@ are in the status), and it is bounded per run.
 
 from __future__ import annotations
 
-from trainingrun_operator.observation import PodObservation, disrupted
+from trainingrun_operator.core.observation import PodObservation, disrupted
 
 __all__ = ["Departures"]
 

@@ -31,20 +31,8 @@ from typing import Any, cast
 
 import kopf
 
-from trainingrun_operator import (
-    allowance,
-    apiclient,
-    departures,
-    errors,
-    events,
-    metrics,
-    model,
-    naming,
-    netpolicy,
-    observation,
-    reconciler,
-    wakeups,
-)
+from trainingrun_operator.core import allowance, departures, errors, events, model, naming, netpolicy, observation
+from trainingrun_operator.kube import apiclient, metrics, reconciler, wakeups
 
 __all__ = ["FINALIZER", "PREFIX", "Memo", "NoDiffBase", "run"]
 

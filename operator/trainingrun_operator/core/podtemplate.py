@@ -43,7 +43,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from trainingrun_operator import allowance, naming
+from trainingrun_operator.core import allowance, naming
 
 __all__ = [
     "CHECKPOINT_MOUNT",

@@ -43,9 +43,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
-from trainingrun_operator import model
-from trainingrun_operator.classification import FailureClass
-from trainingrun_operator.phases import Phase
+from trainingrun_operator.core import model
+from trainingrun_operator.core.classification import FailureClass
+from trainingrun_operator.core.phases import Phase
 from trainingrun_runtime import timestamps
 
 __all__ = ["CLASSES", "FAILURE_CLASSES", "PHASES", "Gauges", "Memory", "Tally", "gauges", "tally"]

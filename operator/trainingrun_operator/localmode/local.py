@@ -49,21 +49,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from trainingrun_operator import (
-    decision,
-    driver_process,
-    errors,
-    events,
-    model,
-    patching,
-    processes,
-    rayjob,
-    reaper,
-    runfile,
-    validation,
-)
-from trainingrun_operator.observation import AttemptObservation, PodObservation
-from trainingrun_operator.phases import TERMINAL, Phase
+from trainingrun_operator.core import decision, errors, events, model, patching, rayjob, validation
+from trainingrun_operator.core.observation import AttemptObservation, PodObservation
+from trainingrun_operator.core.phases import TERMINAL, Phase
+from trainingrun_operator.localmode import driver_process, processes, reaper, runfile
 from trainingrun_runtime import contract, timestamps
 
 __all__ = ["NAMESPACE", "Chaos", "LocalRun", "adopt_old_layout", "marker", "read_rewards", "run_file"]

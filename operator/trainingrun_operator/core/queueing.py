@@ -23,7 +23,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from trainingrun_operator import model
+from trainingrun_operator.core import model
 
 __all__ = [
     "MAX_WORKER_GROUPS",

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainingrun_operator import model
-from trainingrun_operator.classification import FailureClass
+from trainingrun_operator.core import model
+from trainingrun_operator.core.classification import FailureClass
 
 __all__ = ["Charge", "backoff_seconds", "charge"]
 

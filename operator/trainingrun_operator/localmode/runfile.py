@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from trainingrun_operator import errors, model, validation
+from trainingrun_operator.core import errors, model, validation
 
 __all__ = ["RUN_NAME", "RUN_NAME_MAX", "load"]
 

@@ -35,7 +35,7 @@ import kubernetes.config
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from trainingrun_operator import errors, events, model, naming
+from trainingrun_operator.core import errors, events, model, naming
 from trainingrun_runtime import timestamps
 
 __all__ = ["Api", "load_configuration"]

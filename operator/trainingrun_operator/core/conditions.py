@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from trainingrun_operator import model
-from trainingrun_operator.phases import Phase
+from trainingrun_operator.core import model
+from trainingrun_operator.core.phases import Phase
 
 __all__ = ["CONDITION_TYPES", "derive"]
 

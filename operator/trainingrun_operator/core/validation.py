@@ -56,7 +56,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from trainingrun_operator import allowance, model, podtemplate
+from trainingrun_operator.core import allowance, model, podtemplate
 from trainingrun_runtime.config import GENERATION_RESOURCE, RuntimeConfig
 
 __all__ = [

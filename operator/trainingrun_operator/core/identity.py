@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainingrun_operator import model, naming, observation
-from trainingrun_operator.rayjob import owner_reference
+from trainingrun_operator.core import model, naming, observation
+from trainingrun_operator.core.rayjob import owner_reference
 
 __all__ = ["build_role", "build_role_binding", "build_service_account", "refusal"]
 

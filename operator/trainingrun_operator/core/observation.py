@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trainingrun_operator import model, naming
+from trainingrun_operator.core import model, naming
 from trainingrun_runtime import timestamps
 
 __all__ = [

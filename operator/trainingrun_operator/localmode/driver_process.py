@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainingrun_operator import processes
+from trainingrun_operator.localmode import processes
 
 __all__ = ["MARKER_ENV", "DriverArgs", "DriverProcess", "bound_to_parent", "spawn"]
 

@@ -57,7 +57,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainingrun_operator import figures, model
+from trainingrun_operator.core import figures, model
 
 __all__ = ["DURATION_BUCKETS", "NAMESPACE", "RECONCILE_BUCKETS", "Exporter", "parse_address"]
 
