@@ -7,6 +7,6 @@ Three layers, one subpackage each, and the `trainingrun` command (`cli.py`) abov
     localmode/    `trainingrun run` on one machine: the driver as a local process, the reaper, the run file
     core/         pure: (spec, status, observed, now) -> status patch + actions, and the objects to create
 
-kube and localmode import the core, never each other; the core imports neither, and no I/O library. This
-package imports no torch and no ray.
+kube and localmode import the core, never each other; the core imports neither, and no I/O library. The
+import-linter contracts in pyproject.toml hold this. This package imports no torch and no ray.
 """

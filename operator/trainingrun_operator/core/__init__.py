@@ -3,5 +3,6 @@
 NetworkPolicy, pod templates).
 
 No I/O: no kopf, no Kubernetes client, no subprocess, socket, asyncio, aiohttp, os or time, and no clock of its
-own (`now` is an argument). Both edges, `kube` and `localmode`, call it; it imports neither.
+own (`now` is an argument). Both edges, `kube` and `localmode`, call it; it imports neither (pyproject.toml's
+import-linter contracts).
 """
