@@ -1,4 +1,5 @@
-"""Fixtures of the operator's unit tests: OpenAPI -> JSON Schema, and KubeRay's real RayJob CRD schema.
+"""Fixtures of the operator's unit tests: OpenAPI -> JSON Schema, and KubeRay's real RayJob CRD schema; the
+decision journeys' helper module (support.decisions) has its asserts rewritten.
 
 KubeRay's CRD is never copied into this repository: it is read from the Go module cache where `make testbed`
 downloads github.com/ray-project/kuberay/ray-operator@v1.5.0.
@@ -15,6 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+# The journeys of tests/unit/operator/test_decision_*.py assert inside support.decisions (the Store's pass, the
+# start of an attempt): rewritten like the tests' own asserts, a failure there shows its values.
+pytest.register_assert_rewrite("support.decisions")
 
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator@v1.5.0"
 RAYJOB_CRD = "config/crd/bases/ray.io_rayjobs.yaml"

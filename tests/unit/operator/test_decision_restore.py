@@ -4,7 +4,7 @@ A restore refused because spec.trainer changed the checkpoint's math fails the r
 fields and the fix, and marks nothing; a restore interrupted by I/O, Ray or a timeout is retried from the same
 step under the failure budget. Each way the operator can learn of it (the driver's restoreError, the exit code in
 KubeRay's message, a local driver's exit code and stderr) is a row of the table. Journeys against an in-memory
-status, as in `test_decision.py`.
+status, as in the other `test_decision_*.py` files.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One reconcile pass against an in-memory stand-in for the API (no cluster): which calls overlap, which wait
 for which, when the next pass is due, and what of the objects with the run's label the pass takes for the run's.
-The decision itself is tested in test_decision.py; the ownership rules alone in test_ownership.py."""
+The decision itself is tested in test_decision_*.py; the ownership rules alone in test_ownership.py."""
 
 from __future__ import annotations
 
