@@ -39,7 +39,8 @@ class Ledger:
         self.seconds[nodeid] += seconds
 
     def mark(self, nodeid: str, names: Iterable[str]) -> None:
-        self.markers[nodeid] = tuple(name for name in MARKERS if name in set(names))
+        present = set(names)  # once: `names` may be a generator (the plugin passes one)
+        self.markers[nodeid] = tuple(name for name in MARKERS if name in present)
 
     def by_file(self) -> dict[str, Share]:
         return _shares((nodeid.split("::", 1)[0], seconds) for nodeid, seconds in self.seconds.items())

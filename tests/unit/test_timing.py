@@ -33,6 +33,13 @@ def test_a_tests_setup_call_and_teardown_count_together_under_its_file_and_each_
     assert "parametrize" not in markers
 
 
+def test_every_marker_of_a_test_counts_when_its_names_come_as_a_generator_as_the_plugin_passes_them() -> None:
+    ledger = timing.Ledger()
+    ledger.mark("tests/e2e/test_c.py::test_four", (name for name in ["e2e", "cluster", "containers", "timeout"]))
+    ledger.add("tests/e2e/test_c.py::test_four", 3.0)
+    assert list(ledger.by_marker()) == ["cluster", "containers", "e2e"]
+
+
 def test_a_table_past_its_limit_sums_the_rest_in_one_line() -> None:
     shares = {f"f{i}.py": timing.Share(seconds=10.0 - i, tests=1) for i in range(5)}
     lines = timing.table("per file:", shares, limit=2)
