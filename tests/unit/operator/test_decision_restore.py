@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from support.decisions import running
 from trainingrun_operator.core import decision, model, patching
 from trainingrun_operator.core.decision import CreateAttempt, DeleteRayJob, Event
 from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
@@ -91,14 +92,6 @@ class Store:
     @property
     def bad(self) -> list[int] | None:
         return (self.status.get("checkpoints") or {}).get("bad")
-
-
-def running(n: int) -> AttemptObservation:
-    return AttemptObservation(
-        number=n,
-        rayjob=RayJobObservation(name=f"tiny-a{n}", deployment_status="Running", job_status="RUNNING"),
-        pods=(PodObservation(name=f"tiny-a{n}-head", node_type="head", phase="Running", node_ready=True),),
-    )
 
 
 def preempted(n: int) -> AttemptObservation:
