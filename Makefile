@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Test-bed binaries (kube-apiserver, etcd, kwok, KubeRay, helm, prometheus) are built once into this cache.
 TESTBED_CACHE ?= $(HOME)/.cache/trainingrun
 
-.PHONY: install demo test test-without-bed test-unit testbed images bench lint clean
+.PHONY: install demo test test-without-bed test-with-bed test-unit testbed images bench lint clean
 
 install: $(STAMP)
 
@@ -29,23 +29,31 @@ images:
 	TESTBED_CACHE=$(TESTBED_CACHE) $(BUILD_NICE) bash hack/images/build.sh
 
 # On a new machine the test bed and the images take about half an hour to build, and most tests do not need them.
-# So the tests run in two groups. First, side by side: lint (which installs the venv), the test-bed build, the images
-# and, as soon as the venv is there, every test that needs neither the bed nor the images (unit, and integration on
-# real Ray, TransferQueue and torch). The builds run at a lower priority (nice) so that they take the CPU those tests
-# leave idle rather than slow them down. (No --output-sync: it would hold each build's log until it ends; every line
-# of theirs says whose it is.) Then the tests that need the bed or the images: cluster (real API server), containers
-# (the images, run by podman) and e2e. The second group runs even when the first failed, so one run shows every
-# failure; `make test` fails if either did. The two marker expressions are each other's complement: every test runs
-# once. On a warm machine the builds are done in seconds and the groups simply run one after the other.
+# So the tests run in two groups, each as soon as what it needs is there, side by side with everything else: lint
+# (which installs the venv), the test-bed build, the images, the first group (every test that needs neither the bed
+# nor the images: unit, and integration on real Ray, TransferQueue and torch) as soon as the venv is there, and the
+# second group (the tests that need the bed or the images: cluster (real API server), containers (the images, run by
+# podman) and e2e) as soon as the bed and the images are built. On a warm machine both groups start at once: either
+# alone leaves about a fifth of the 2 cores idle (their waits: deadlines, grace periods, a bed's start). The builds
+# run at a lower priority (nice) so that they take the CPU the tests leave idle rather than slow them down. Each
+# group's lines carry its name (`unit+ray |`, `bed |`), since the two write at the same time (no --output-sync: it
+# would hold each log until its target ends). `-k`: a group runs even when another target failed, so one run shows
+# every failure; `make test` fails if anything did. The two marker expressions are each other's complement: every
+# test runs once.
 BED_TESTS := cluster or containers
 
 test:
-	@$(MAKE) --no-print-directory -j4 lint testbed images test-without-bed BUILD_NICE="nice -n 10"; first=$$?; \
-	TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest -m "$(BED_TESTS)"; second=$$?; \
-	exit $$(( first != 0 || second != 0 ))
+	@$(MAKE) --no-print-directory -k -j5 lint testbed images test-without-bed test-with-bed BUILD_NICE="nice -n 10" \
+		GROUP_PREFIX=1
+
+# GROUP_PREFIX=1 (set by `make test`): each line of a group's output starts with the group's name.
+prefix = $(if $(GROUP_PREFIX),2>&1 | sed -u 's/^/$(1) | /',)
 
 test-without-bed: install
-	$(PY) -m pytest -m "not ($(BED_TESTS))"
+	set -o pipefail; $(PY) -m pytest -m "not ($(BED_TESTS))" $(call prefix,unit+ray)
+
+test-with-bed: install testbed images
+	set -o pipefail; TESTBED_CACHE=$(TESTBED_CACHE) $(PY) -m pytest -m "$(BED_TESTS)" $(call prefix,bed)
 
 test-unit: install
 	$(PY) -m pytest tests/unit
