@@ -16,8 +16,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench-results.json"
-ORDER = ["bench_dataplane.py", "bench_grpo.py", "bench_operator.py", "bench_goodput.py"]
+ORDER = ["bench_imports.py", "bench_dataplane.py", "bench_grpo.py", "bench_operator.py", "bench_goodput.py"]
 REQUIRED = [
+    "dataplane_import_cpu_gated_vs_plain",
     "dataplane_save_vs_disk",
     "dataplane_load_vs_disk",
     "barrier_hold_vs_snapshot",

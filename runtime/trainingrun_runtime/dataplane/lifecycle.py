@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import ray
-import transfer_queue as tq  # type: ignore[import-untyped]
 
 from trainingrun_runtime.dataplane import row_client, snapshot, storage_unit
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient, PartitionState
+from trainingrun_runtime.dataplane.tq_modules import transfer_queue as tq
 from trainingrun_runtime.errors import DataPlaneError, RestoreRefused
 from trainingrun_runtime.storage.manifest import FileEntry
 

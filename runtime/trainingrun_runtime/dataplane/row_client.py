@@ -31,10 +31,10 @@ from typing import Any, Final
 
 import ray
 import torch
-from tensordict import NonTensorStack, TensorDict
 
 from trainingrun_runtime.dataplane import snapshot
 from trainingrun_runtime.dataplane.replay_index import GroupRows
+from trainingrun_runtime.dataplane.tq_modules import NonTensorStack, TensorDict
 from trainingrun_runtime.errors import DataPlaneError
 
 __all__ = [

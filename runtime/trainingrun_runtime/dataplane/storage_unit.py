@@ -37,13 +37,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import ray
-import transfer_queue  # type: ignore[import-untyped]
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from transfer_queue import interface as tq_interface
-from transfer_queue.storage import simple_storage  # type: ignore[import-untyped]
-from transfer_queue.storage.bootstrap import simple_storage_bootstrap  # type: ignore[import-untyped]
 
 from trainingrun_runtime.dataplane import column_file, staging, tq_controller
+from trainingrun_runtime.dataplane.tq_modules import (
+    simple_storage,
+    simple_storage_bootstrap,
+    tq_interface,
+    transfer_queue,
+)
 from trainingrun_runtime.errors import CheckpointCorrupt, DataPlaneError
 from trainingrun_runtime.storage import checksum
 from trainingrun_runtime.storage.manifest import FileEntry

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transfer_queue import controller as tq_controller  # type: ignore[import-untyped]
 
 from trainingrun_runtime.dataplane import unpickling
+from trainingrun_runtime.dataplane.tq_modules import tq_controller
 from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["DirectPickleController", "state_of"]
