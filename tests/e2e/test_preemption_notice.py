@@ -6,7 +6,11 @@ runner playing the kubelet's termination: preStop hook, SIGTERM, SIGKILL at the 
   attempt resumes from that step, and the run ends with the weights of an uninterrupted run.
 - A grace period too short for a save: nothing is saved, no torn checkpoint is left, the next attempt resumes from
   the step recorded before.
-- A notice that arrives while a periodic save is under way is answered by that save: one checkpoint, not two.
+
+That a notice arriving while a periodic save is under way is answered by that save (one checkpoint, not two), also
+when the operator had already ended the attempt, is the driver's business and is proven once, on real Ray and
+TransferQueue, by tests/integration/test_save_on_notice.py; the path from the eviction to the recorded notice
+checkpoint, stepsLost 0 and the resume from it, by the first test here.
 
 The runner's cap on grace periods is raised for these tests so that the head gets the grace period its spec asks for.
 The moment of each eviction is fixed with a crash point's hold (the driver stops there for some seconds): on a quiet
@@ -151,26 +155,3 @@ def test_a_grace_period_too_short_for_a_save_leaves_no_torn_checkpoint_and_the_r
     directory = run_directory(loop, namespace, "gs-checkpoints", "gs")
     on_disk = complete_steps(directory, "gs")  # raises on a torn step_N
     assert recorded in on_disk and not [s for s in on_disk if recorded < s < recorded + save_period], on_disk
-
-
-def test_a_notice_during_a_periodic_save_is_answered_by_that_save(graceful: Loop, namespace: str) -> None:
-    loop = graceful
-    save_period = 5
-    hold(loop, "gd", "policy_saved", 2 * save_period, seconds=8)
-    loop.plane.apply(
-        loop.checkpoints_pvc("gd-checkpoints"),
-        loop.tiny_run("gd", claim="gd-checkpoints", steps=16, checkpoint={"savePeriod": save_period}),
-        namespace=namespace,
-    )
-    held(loop, namespace, "gd", "policy_saved", 2 * save_period)  # in the middle of its second periodic save
-    chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gd", 1))
-    loop.wait(lambda: recorded_by(loop, namespace, "gd", 2), timeout=420, what="attempt 2's first checkpoint")
-    status = loop.run_status(namespace, "gd")
-    by_1 = [c for c in history(status) if c["attempt"] == 1]
-    assert [c["step"] for c in by_1] == [save_period, 2 * save_period], by_1
-    # Step 10's save answered the notice; recorded from its periodic report, or, when the operator had ended the
-    # attempt before that report came, from the driver's second report of it as the notice's.
-    assert by_1[0].get("reason") == "Periodic" and by_1[1].get("reason") in ("Periodic", NOTICE), by_1
-    ended = status["attempts"][0]
-    assert ended["reason"] == "Preempted" and ended["stepsLost"] == 0, ended
-    assert status["attempt"]["resumedFrom"] == 2 * save_period, status["attempt"]
