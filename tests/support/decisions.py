@@ -101,7 +101,11 @@ def preempted(n: int) -> AttemptObservation:
     )
 
 
-def failed(n: int, code: int = 1) -> AttemptObservation:
+def failed(n: int, code: int = 1, *, logs: str | None = None) -> AttemptObservation:
+    """KubeRay's verdict on a driver that exited with `code`, with the last lines of its log when `logs` is given."""
+    message = f"Job entrypoint command failed with exit code {code}"
+    if logs is not None:
+        message += f", last available logs (truncated to 20,000 chars):\n{logs}"
     return AttemptObservation(
         number=n,
         rayjob=RayJobObservation(
@@ -109,7 +113,7 @@ def failed(n: int, code: int = 1) -> AttemptObservation:
             deployment_status="Failed",
             job_status="FAILED",
             reason="AppFailed",
-            message=f"Job entrypoint command failed with exit code {code}",
+            message=message,
         ),
     )
 

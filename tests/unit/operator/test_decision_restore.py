@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from support.decisions import running
+from support.decisions import failed, running
 from trainingrun_operator.core import decision, model, patching
 from trainingrun_operator.core.decision import CreateAttempt, DeleteRayJob, Event
 from trainingrun_operator.core.observation import AttemptObservation, PodObservation, RayJobObservation
@@ -105,17 +105,7 @@ def preempted(n: int) -> AttemptObservation:
 
 def exited(n: int, code: int, line: str) -> AttemptObservation:
     """KubeRay's verdict on a driver that exited with `code`, its last stderr line `line` among the logs."""
-    message = f"Job entrypoint command failed with exit code {code}, last available logs (truncated to 20,000 chars):"
-    return AttemptObservation(
-        number=n,
-        rayjob=RayJobObservation(
-            name=f"tiny-a{n}",
-            deployment_status="Failed",
-            job_status="FAILED",
-            reason="AppFailed",
-            message=f"{message}\nINFO driver started\n{line}\n",
-        ),
-    )
+    return failed(n, code, logs=f"INFO driver started\n{line}\n")
 
 
 def exited_locally(n: int, code: int, line: str) -> AttemptObservation:
@@ -204,8 +194,8 @@ def test_a_config_mismatch_fails_the_run_as_invalid_spec_naming_the_field_and_th
     message = store.status["message"]
     assert message.startswith("spec.trainer.grpo.lr: 0.01 -> 0.02"), "the field first, as any InvalidSpec"
     assert "set it back" in message and "another name" in message
-    failed = next(c for c in store.status["conditions"] if c["type"] == "Failed")
-    assert (failed["status"], failed["reason"], failed["message"]) == ("True", "InvalidSpec", message)
+    condition = next(c for c in store.status["conditions"] if c["type"] == "Failed")
+    assert (condition["status"], condition["reason"], condition["message"]) == ("True", "InvalidSpec", message)
     warnings = [a for a in result.actions if isinstance(a, Event) and a.type == "Warning"]
     assert [w.reason for w in warnings] == ["InvalidSpec"] and warnings[0].message == message
     assert store.status["checkpoints"]["latest"]["step"] == 20 and store.bad is None
