@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import results  # bench/results.py: bench-results.json
 import torch
 
 from trainingrun_runtime.dataplane import checkpointer
@@ -102,8 +103,6 @@ from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.replay_index import GroupRows, ReplayConfig
 from trainingrun_runtime.storage import checksum, commit, layout, manifest, verification
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench-results.json"
 SEQ = 1024
 ROW_BYTES = SEQ * (8 + 4 + 4) + 4
 GROUP = 8
@@ -571,19 +570,6 @@ def headline(per_size: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def merge(figures: dict[str, Any]) -> None:
-    current: dict[str, Any] = {}
-    if RESULTS.exists():
-        try:
-            current = json.loads(RESULTS.read_text())
-        except ValueError:
-            current = {}
-    current["dataplane"] = figures
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, RESULTS)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 200, 2048], help="MiB of rows")
@@ -612,7 +598,7 @@ def main() -> None:
         "loadavg_1m_5m_at_start": load_before,
         "loadavg_1m_5m_at_end": list(os.getloadavg()[:2]),
     }
-    merge(figures)
+    results.merge("dataplane", figures)
     print("\n" + json.dumps({k: v for k, v in figures.items() if k not in ("sizes", "storage_fix")}, indent=2))
 
 

@@ -47,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench-results.json"
 sys.path[:0] = [str(ROOT / "hack" / "testbed"), str(ROOT / "tests")]
+
+import results  # noqa: E402  (bench/results.py: bench-results.json)
 
 import chaos  # noqa: E402  (hack/testbed is not a package)
 import controlplane  # noqa: E402
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         back = [r for k, r in rates.items() if k.startswith(f"{kind}#") and k.endswith(":replaced")]
         figures[f"{kind}_steps_per_s_30s_after_vs_calm"] = round(min(after) / calm_rate, 2) if after else None
         figures[f"{kind}_steps_per_s_30s_after_replacement_vs_calm"] = round(min(back) / calm_rate, 2) if back else None
-    merge(figures)
+    results.merge("goodput", figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
     return 0
 
@@ -327,17 +328,6 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
         replaced = [s.replaced_s for s in schedule if s.kind == kind if s.replaced_s is not None]
         figures[f"{kind}_replacement_s"] = round(max(replaced), 1) if replaced else None
     return figures
-
-
-def merge(figures: dict[str, Any]) -> None:
-    current: dict[str, Any] = {}
-    if RESULTS.exists():
-        with contextlib.suppress(json.JSONDecodeError):
-            current = json.loads(RESULTS.read_text())
-    current["goodput"] = figures
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, RESULTS)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the test tooling's driver launcher (tests/support)
 
+import results  # noqa: E402  (bench/results.py: bench-results.json)
+
 from support import launcher  # noqa: E402
 from trainingrun_operator.localmode import driver_process, processes  # noqa: E402
 from trainingrun_runtime.driver import events  # noqa: E402
@@ -178,15 +180,6 @@ def ab_figures(root: Path, steps: int, repeat: int) -> dict[str, Any]:
     }
 
 
-def merge(results: dict[str, Any]) -> None:
-    path = REPO / "bench-results.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["grpo"] = results
-    tmp = path.with_suffix(".json.tmp-grpo")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -202,19 +195,19 @@ def main() -> int:
             return learning_curve(root, a.steps)
         with_ckpt = run(root, "ckpt", config(a.steps, 10))
         exclusive = [e["exclusive_s"] for e in with_ckpt if e["event"] == "checkpoint_committed"]
-        results: dict[str, Any] = {
+        figures: dict[str, Any] = {
             **in_run_figures(with_ckpt, 10),
             "checkpoint_exclusive_s_mean": statistics.mean(exclusive),
         }
         cpu: dict[str, float] = {}
         resumed = run(root, "ckpt", config(a.steps + 1, 10), attempt=2, cpu=cpu)
-        results.update(startup_split(resumed[len(with_ckpt) :]))
-        results.update(cpu)
-        results["resume_our_part_s"] = results["resume_driver_start_to_pumps_s"] - results["resume_ray_start_s"]
+        figures.update(startup_split(resumed[len(with_ckpt) :]))
+        figures.update(cpu)
+        figures["resume_our_part_s"] = figures["resume_driver_start_to_pumps_s"] - figures["resume_ray_start_s"]
         if a.ab:
-            results.update(ab_figures(root, a.steps, a.repeat))
-        merge(results)
-        print(json.dumps({"grpo": results}, indent=2, sort_keys=True))
+            figures.update(ab_figures(root, a.steps, a.repeat))
+        results.merge("grpo", figures)
+        print(json.dumps({"grpo": figures}, indent=2, sort_keys=True))
     finally:
         if a.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -18,16 +18,14 @@ Writes its figures under "imports" in bench-results.json at the repository root 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+import results  # bench/results.py: bench-results.json
+
 GATED = "import trainingrun_runtime.dataplane.lifecycle"
 PLAIN = "import tensordict; import trainingrun_runtime.dataplane.lifecycle"
 
@@ -40,15 +38,6 @@ def cpu_seconds(code: str) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def merge(results: dict[str, Any]) -> None:
-    path = REPO / "bench-results.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["imports"] = results
-    tmp = path.with_suffix(".json.tmp-imports")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=5)
@@ -58,14 +47,14 @@ def main() -> int:
     for _ in range(a.repeat):
         gated.append(cpu_seconds(GATED))
         plain.append(cpu_seconds(PLAIN))
-    results = {
+    figures = {
         "dataplane_import_cpu_gated_s": round(statistics.median(gated), 3),
         "dataplane_import_cpu_plain_s": round(statistics.median(plain), 3),
         "dataplane_import_cpu_gated_vs_plain": round(statistics.median(gated) / statistics.median(plain), 3),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
-    merge(results)
-    for key, value in results.items():
+    results.merge("imports", figures)
+    for key, value in figures.items():
         print(f"{key:<40} {value}")
     return 0
 

@@ -51,8 +51,9 @@ import kubernetes.watch
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench-results.json"
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+
+import results  # noqa: E402  (bench/results.py: bench-results.json)
 
 import components  # noqa: E402  (hack/testbed is not a package)
 import controlplane  # noqa: E402
@@ -454,17 +455,6 @@ def bench_failures_and_memory(
     return figures
 
 
-def merge(figures: dict[str, Any]) -> None:
-    current: dict[str, Any] = {}
-    if RESULTS.exists():
-        with contextlib.suppress(json.JSONDecodeError):
-            current = json.loads(RESULTS.read_text())
-    current["operator"] = figures
-    tmp = RESULTS.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, RESULTS)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=200)
@@ -522,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             "operator_rss_mb_500_runs": "< 200",
         },
     }
-    merge(figures)
+    results.merge("operator", figures)
     print(json.dumps(figures, indent=2))
     return 0
 
