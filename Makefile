@@ -35,11 +35,11 @@ images:
 # second group (the tests that need the bed or the images: cluster (real API server), containers (the images, run by
 # podman) and e2e) as soon as the bed and the images are built. On a warm machine both groups start at once: either
 # alone leaves about a fifth of the 2 cores idle (their waits: deadlines, grace periods, a bed's start). The builds
-# run at a lower priority (nice) so that they take the CPU the tests leave idle rather than slow them down. Each
-# group's lines carry its name (`unit+ray |`, `bed |`), since the two write at the same time (no --output-sync: it
-# would hold each log until its target ends). `-k`: a group runs even when another target failed, so one run shows
-# every failure; `make test` fails if anything did. The two marker expressions are each other's complement: every
-# test runs once.
+# and mypy run at a lower priority (nice), so that they take the CPU the tests leave idle rather than slow them
+# down. Each group's lines carry its name (`unit+ray |`, `bed |`), since the two write at the same time (no
+# --output-sync: it would hold each log until its target ends). `-k`: a group runs even when another target failed,
+# so one run shows every failure; `make test` fails if anything did. The two marker expressions are each other's
+# complement: every test runs once.
 BED_TESTS := cluster or containers
 
 test:
@@ -60,8 +60,8 @@ test-unit: install
 
 # mypy --strict on both packages, the import contracts (pyproject.toml), ruff's formatting and its lint rules.
 lint: install
-	$(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
-	$(VENV)/bin/lint-imports
+	$(BUILD_NICE) $(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
+	$(BUILD_NICE) $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
