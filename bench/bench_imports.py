@@ -1,9 +1,10 @@
 """Benchmark: the CPU a process spends importing the data plane, with `dataplane.tq_modules` and without.
 
-Every process that touches TransferQueue (the driver, the controller actor, TransferQueue's controller, each storage
-unit, the trainer worker) imports it, and with it tensordict, before it does anything of ours. tensordict marks some
-of its functions for `torch.compile` as it is imported, which loads torch's compiler; `tq_modules` imports it with
-those marks as the identity. In one run, alternating, each a fresh interpreter:
+Every process that touches TransferQueue imports it, and with it tensordict, before it does anything of ours.
+tensordict marks some of its functions for `torch.compile` as it is imported, which loads torch's compiler;
+`tq_modules` imports it with those marks as the identity. That spares the driver, the controller actor,
+TransferQueue's controller and each storage unit (the trainer worker loads the compiler anyway). In one run,
+alternating, each a fresh interpreter:
 
     gated: import trainingrun_runtime.dataplane.lifecycle (through tq_modules)
     plain: import tensordict first (what any other import order did), then the same

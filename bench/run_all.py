@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import results  # bench/results.py: bench-results.json
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench-results.json"
 ORDER = ["bench_imports.py", "bench_dataplane.py", "bench_grpo.py", "bench_operator.py", "bench_goodput.py"]
 REQUIRED = [
     "dataplane_import_cpu_gated_vs_plain",
@@ -36,7 +37,7 @@ REQUIRED = [
 
 
 def main() -> int:
-    RESULTS.write_text("{}\n")
+    results.PATH.write_text("{}\n")
     failed: list[str] = []
     for name in ORDER:
         started = time.monotonic()
@@ -45,10 +46,10 @@ def main() -> int:
         print(f"== {name}: exit {done.returncode} in {time.monotonic() - started:.0f}s", flush=True)
         if done.returncode != 0:
             failed.append(name)
-    results = json.loads(RESULTS.read_text())
-    figures = {k: v for bench in results.values() if isinstance(bench, dict) for k, v in bench.items()}
+    found = json.loads(results.PATH.read_text())
+    figures = {k: v for bench in found.values() if isinstance(bench, dict) for k, v in bench.items()}
     print("\n== bench-results.json")
-    for bench, values in results.items():
+    for bench, values in found.items():
         for key, value in values.items() if isinstance(values, dict) else []:
             print(f"{bench:>10}  {key:<48} {value}")
     missing = [k for k in REQUIRED if k not in figures]
