@@ -21,12 +21,12 @@ demo: install
 	$(VENV)/bin/trainingrun run manifests/examples/tiny.yaml --root runs
 
 testbed:
-	TESTBED_CACHE=$(TESTBED_CACHE) $(BUILD_NICE) bash hack/testbed/build.sh
+	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/testbed/build.sh
 
 # localhost/trainingrun-operator:dev and localhost/trainingrun-runtime:dev with podman (installs podman, runc and
 # mmdebstrap from Debian's packages if missing); rebuilt only when their inputs change.
 images:
-	TESTBED_CACHE=$(TESTBED_CACHE) $(BUILD_NICE) bash hack/images/build.sh
+	TESTBED_CACHE=$(TESTBED_CACHE) bash hack/images/build.sh
 
 # On a new machine the test bed and the images take about half an hour to build, and most tests do not need them.
 # So the tests run in two groups, each as soon as what it needs is there, side by side with everything else: lint
@@ -34,16 +34,16 @@ images:
 # nor the images: unit, and integration on real Ray, TransferQueue and torch) as soon as the venv is there, and the
 # second group (the tests that need the bed or the images: cluster (real API server), containers (the images, run by
 # podman) and e2e) as soon as the bed and the images are built. On a warm machine both groups start at once: either
-# alone leaves about a fifth of the 2 cores idle (their waits: deadlines, grace periods, a bed's start). The builds
-# and mypy run at a lower priority (nice), so that they take the CPU the tests leave idle rather than slow them
-# down. Each group's lines carry its name (`unit+ray |`, `bed |`), since the two write at the same time (no
+# alone leaves about a fifth of the 2 cores idle (their waits: deadlines, grace periods, a bed's start). On a new
+# machine the builds are the way to the end (bed, then the second group), so they run at the tests' priority; only
+# mypy and lint-imports, which nothing waits for, run lower (nice). Each group's lines carry its name (`unit+ray |`, `bed |`), since the two write at the same time (no
 # --output-sync: it would hold each log until its target ends). `-k`: a group runs even when another target failed,
 # so one run shows every failure; `make test` fails if anything did. The two marker expressions are each other's
 # complement: every test runs once.
 BED_TESTS := cluster or containers
 
 test:
-	@$(MAKE) --no-print-directory -k -j5 lint testbed images test-without-bed test-with-bed BUILD_NICE="nice -n 10" \
+	@$(MAKE) --no-print-directory -k -j5 lint testbed images test-without-bed test-with-bed LINT_NICE="nice -n 10" \
 		GROUP_PREFIX=1
 
 # GROUP_PREFIX=1 (set by `make test`): each line of a group's output starts with the group's name.
@@ -60,8 +60,8 @@ test-unit: install
 
 # mypy --strict on both packages, the import contracts (pyproject.toml), ruff's formatting and its lint rules.
 lint: install
-	$(BUILD_NICE) $(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
-	$(BUILD_NICE) $(VENV)/bin/lint-imports
+	$(LINT_NICE) $(PY) -m mypy operator/trainingrun_operator runtime/trainingrun_runtime
+	$(LINT_NICE) $(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
