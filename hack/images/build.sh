@@ -11,8 +11,9 @@
 # into /usr/local/lib/python3.11/site-packages as in python:3.11-slim (docs/testbed.md: "The images").
 #
 # Caches: the base's root filesystem under ${TESTBED_CACHE:-$HOME/.cache/trainingrun}/images
-# (base-bookworm-py3.11.tar); the runtime's dependency layer (torch and the rest, about 6 GB) in podman's own layer
-# cache, keyed by runtime/requirements.txt, so a code change rebuilds only the small layer above it. (pip's HTTP cache
+# (base-bookworm-py3.11.tar); the runtime's two dependency layers (torch and Ray, about 6 GB, keyed by
+# runtime/requirements-heavy.txt; then the rest, keyed by runtime/requirements.txt) in podman's own layer cache, so
+# a code change rebuilds only the small layer above them, and a new light dependency only the second. (pip's HTTP cache
 # stays empty with this machine's package index, so mounting one into the build saves nothing.) An image whose
 # inputs (its Dockerfile, pyproject.toml, README.md, operator/, runtime/, the base) have not changed since it was
 # built is not rebuilt at all: each image carries the hash of its inputs in the label dev.trainingrun.inputs.

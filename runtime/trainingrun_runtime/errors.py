@@ -16,6 +16,7 @@ __all__ = [
     "DataPlaneError",
     "DigestError",
     "GenerationLost",
+    "InvalidSpec",
     "InventoryMismatch",
     "LedgerError",
     "PreflightError",
@@ -30,6 +31,10 @@ __all__ = [
 
 class TrainingRunError(Exception):
     """Base of every domain error the driver side raises."""
+
+
+class InvalidSpec(TrainingRunError):
+    """The spec names a model, data file, field or reward this run cannot use: fix the field the message names."""
 
 
 class CheckpointCorrupt(TrainingRunError):

@@ -1,4 +1,5 @@
-"""runtime/requirements.txt, the runtime image's dependency layer, says what pyproject.toml says."""
+"""runtime/requirements-heavy.txt and requirements.txt, the runtime image's dependency layers, say what
+pyproject.toml says."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ def test_the_runtime_images_requirements_match_pyproject() -> None:
     assert check.returncode == 0, check.stderr
 
 
-def test_the_runtime_dockerfile_installs_the_dependencies_from_that_file_alone() -> None:
+def test_the_runtime_dockerfile_installs_torch_and_ray_first_then_the_rest_each_layer_from_its_file_alone() -> None:
     dockerfile = (REPO / "runtime" / "Dockerfile").read_text()
     copies = [line for line in dockerfile.splitlines() if line.startswith("COPY")]
-    assert copies[0] == "COPY runtime/requirements.txt ./", "the dependency layer must not depend on other files"
-    assert "-r requirements.txt" in dockerfile
+    assert copies[:2] == ["COPY runtime/requirements-heavy.txt ./", "COPY runtime/requirements.txt ./"], (
+        "the dependency layers must not depend on other files"
+    )
+    assert dockerfile.index("-r requirements-heavy.txt") < dockerfile.index("-r requirements.txt")
+
+
+def test_the_heavy_layer_holds_torch_and_ray_and_nothing_else() -> None:
+    heavy = (REPO / "runtime" / "requirements-heavy.txt").read_text().splitlines()
+    assert [line.split("=")[0].split("[")[0] for line in heavy if not line.startswith("#")] == ["ray", "torch"]
