@@ -23,6 +23,7 @@ __all__ = [
     "RestoreFailed",
     "RestoreInterrupted",
     "RestoreRefused",
+    "RewardFailed",
     "Superseded",
     "TrainingRunError",
     "UnstorableValue",
@@ -35,6 +36,10 @@ class TrainingRunError(Exception):
 
 class InvalidSpec(TrainingRunError):
     """The spec names a model, data file, field or reward this run cannot use: fix the field the message names."""
+
+
+class RewardFailed(TrainingRunError):
+    """The user's reward function raised or returned a non-finite number: fix it (the message names the sample)."""
 
 
 class CheckpointCorrupt(TrainingRunError):
