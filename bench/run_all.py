@@ -17,9 +17,18 @@ from pathlib import Path
 import results  # bench/results.py: bench-results.json
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["bench_imports.py", "bench_dataplane.py", "bench_grpo.py", "bench_operator.py", "bench_goodput.py"]
+ORDER = [
+    "bench_imports.py",
+    "bench_policy.py",
+    "bench_dataplane.py",
+    "bench_grpo.py",
+    "bench_operator.py",
+    "bench_goodput.py",
+]
 REQUIRED = [
     "dataplane_import_cpu_gated_vs_plain",
+    "hf_generate_vs_bare",
+    "hf_train_vs_bare",
     "dataplane_save_vs_disk",
     "dataplane_load_vs_disk",
     "barrier_hold_vs_snapshot",
