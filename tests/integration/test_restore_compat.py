@@ -5,7 +5,8 @@ subpackages): bundle format 1 (a SHA-256 per file), data-plane sidecar format 2,
 the storage units' column files, trained with `config.json` beside it. A driver of this version, given the same
 config (with a later step limit, which does not change the math), must select it, verify every checksum (SHA-256,
 as format 1 has them), restore TransferQueue, the replay index, the loader place and the policy from it, and train
-on to the new limit, saving in format 2 (BLAKE3).
+on to the new limit, saving in format 2 (BLAKE3). Its policy files (and their manifest entries) were converted once
+to the built-in model of `grpo.builtin` by `convert_policy.py` beside it; the rest is as 58dd19e wrote it.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.driver import reporting
 from trainingrun_runtime.driver.telemetry import DriverMetrics
 from trainingrun_runtime.errors import AttemptEnded, InventoryMismatch
+from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.storage import fence, layout, retention
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ class Checkpoints:
             await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
             extra = {
                 "config_math": config.math_fields(self._args.config),
+                "policy_format": trainer.POLICY_FORMAT,
                 "reward": reward,
                 "exclusive_s": snap.exclusive_s,
                 "reason": reason,

@@ -28,7 +28,7 @@ import torch
 from trainingrun_runtime import config
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.errors import GenerationLost
-from trainingrun_runtime.grpo import group_sampling, task, trainer, transformer
+from trainingrun_runtime.grpo import builtin, group_sampling, policy, task, trainer
 
 __all__ = ["Fleet", "GeneratedGroup", "Generator", "Slot", "is_lost", "spawn"]
 
@@ -52,8 +52,10 @@ class Generator:
         trainer.deterministic()
         self.cfg = cfg
         self.task = task.Task(cfg.task, cfg.seed)
-        self.model = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
-        self.model.eval()
+        self.model = builtin.model(cfg.model, self.task, cfg.seed).eval()
+        self.tokenizer = builtin.tokenizer(cfg.task)
+        self.prompts = builtin.Prompts(self.task)
+        self.sampling = policy.Sampling(max_new_tokens=self.task.completion_len, temperature=cfg.grpo.temperature)
         self.version = 0
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
@@ -72,9 +74,17 @@ class Generator:
             raise RuntimeError(
                 f"asked to generate uid {uid} with version {version}, but this worker holds {self.version}"
             )
-        g = self.cfg.grpo
         group = group_sampling.sample_group(
-            self.model, self.task, self.task.digits_of(index), uid, self.version, g.group_size, g.temperature
+            self.model,
+            self.tokenizer,
+            self.prompts.prompt_of(index),
+            self.prompts.answer_of(index),
+            builtin.partial_credit,
+            seed=self.cfg.seed,
+            uid=uid,
+            version=self.version,
+            group_size=self.cfg.grpo.group_size,
+            sampling=self.sampling,
         )
         return GeneratedGroup(
             uid=uid, version=self.version, tokens=group.tokens, logprobs=group.logprobs, rewards=group.rewards

@@ -239,6 +239,14 @@ def check_config(saved: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
     again (it resumes), or train the new values from scratch under another name. A manifest that lists no fields
     (or none that differ) names `spec.trainer` as a whole.
     """
+    policy_format = saved.extra.get("policy_format")
+    if policy_format != trainer.POLICY_FORMAT:
+        held = f"policy format {policy_format!r}" if policy_format else "the hand-written model of earlier versions"
+        raise ConfigMismatch(
+            f"step_{saved.step} holds {held}, and this version's built-in model is a Hugging Face GPT-2 "
+            f"({trainer.POLICY_FORMAT!r}), which cannot load it. To resume this run, run it with the version that "
+            "wrote it; to train with this version, start a TrainingRun of another name from scratch"
+        )
     current = config.config_hash(cfg)
     if saved.config_hash == current:
         return

@@ -1,25 +1,25 @@
 """Sampling one GRPO group: G completions of one prompt, every draw derived from (seed, uid, row, version).
 
-    prompt tokens ─► repeat G ─► for i in 1..L: logits[:, -1] / τ ─► inverse-CDF with u[g, i] ─► append
     u[g, :] ~ U(0,1)^L from torch.Generator(derive_seed(seed, "sample", uid, g, version))
+    prompt text ─► tokenizer ─► policy.sample(model, ids, u) ─► G completions ─► reward(prompt, text, answer)
 
-Inverse-CDF sampling with pre-drawn uniforms means a completion depends only on the
-weights of `version` and on (seed, uid, g, version) — not on which worker ran it,
-what it ran before, or how many groups were batched together (one group is always
-one batch of shape [G, T]). Called by the generation workers (`driver.generation_workers`) and by
-the single-process learning check; pure torch, no Ray.
+`policy.sample` draws token i of row g as the inverse CDF at u[g, i], so a completion depends only on the weights
+of `version` and on (seed, uid, g, version): not on which worker ran it, what it ran before, or how many groups
+were batched together (one group is always one batch of shape [G, ·]). Called by the generation workers
+(`driver.generation_workers`); torch and the policy, no Ray.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from torch import nn
 
-from trainingrun_runtime.grpo import seeding, task
+from trainingrun_runtime.grpo import policy, seeding
 
-__all__ = ["Group", "sample_group"]
+__all__ = ["Group", "draws", "sample_group"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,38 +33,37 @@ class Group:
     logprobs: torch.Tensor
     """[G, L] float32: log π_version(c_i | prefix) at the sampling temperature."""
     rewards: torch.Tensor
-    """[G] float32: the task's verifier on each completion."""
+    """[G] float32: the reward of each completion."""
 
 
-@torch.no_grad()
-def sample_group(
-    model: nn.Module,
-    the_task: task.Task,
-    digits: list[int],
-    uid: int,
-    version: int,
-    group_size: int,
-    temperature: float,
-) -> Group:
-    """Sample `group_size` completions of one prompt with the policy of `version`."""
-    uniforms = torch.stack(
+def draws(seed: int, uid: int, version: int, group_size: int, length: int) -> torch.Tensor:
+    """The uniforms [group_size, length] of group `uid` at `version`, each row from its own derived seed."""
+    return torch.stack(
         [
             torch.rand(
-                the_task.completion_len,
-                generator=torch.Generator().manual_seed(seeding.derive_seed(the_task.seed, "sample", uid, g, version)),
+                length, generator=torch.Generator().manual_seed(seeding.derive_seed(seed, "sample", uid, g, version))
             )
             for g in range(group_size)
         ]
     )
-    prompt = torch.tensor(the_task.prompt_tokens(digits), dtype=torch.int64)
-    tokens = prompt.repeat(group_size, 1)
-    logprobs = []
-    for i in range(the_task.completion_len):
-        logp = torch.log_softmax(model(tokens)[:, -1] / temperature, dim=-1)
-        cdf = logp.exp().cumsum(dim=-1)
-        next_token = torch.searchsorted(cdf, (uniforms[:, i] * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[1] - 1)
-        logprobs.append(torch.gather(logp, 1, next_token))
-        tokens = torch.cat([tokens, next_token], dim=1)
-    completions = tokens[:, the_task.prompt_len :].tolist()
-    rewards = torch.tensor([the_task.reward(digits, c) for c in completions], dtype=torch.float32)
-    return Group(uid=uid, version=version, tokens=tokens, logprobs=torch.cat(logprobs, dim=1), rewards=rewards)
+
+
+@torch.no_grad()
+def sample_group(
+    model: Any,
+    tokenizer: Any,
+    prompt: str,
+    answer: str,
+    reward: Callable[[str, str, str], float],
+    *,
+    seed: int,
+    uid: int,
+    version: int,
+    group_size: int,
+    sampling: policy.Sampling,
+) -> Group:
+    """Sample `group_size` completions of `prompt` with the policy of `version` and score them against `answer`."""
+    ids = tokenizer(prompt)["input_ids"]
+    got = policy.sample(model, tokenizer, ids, draws(seed, uid, version, group_size, sampling.max_new_tokens), sampling)
+    rewards = torch.tensor([reward(prompt, text, answer) for text in got.texts], dtype=torch.float32)
+    return Group(uid=uid, version=version, tokens=got.tokens, logprobs=got.logprobs, rewards=rewards)

@@ -5,7 +5,7 @@ shuffle, each sampled completion — takes its seed from `derive_seed(seed, *par
 e.g. `derive_seed(seed, "sample", uid, row, version)`. The value depends only on the
 parts, so the order in which workers run, how many there are, and whether the run
 was restarted in between cannot change a draw. That is what makes exact resume
-possible. Pure standard library; `group_sampling` and `transformer` turn a seed into a
+possible. Pure standard library; `group_sampling` and `builtin` turn a seed into a
 `torch.Generator`.
 """
 

@@ -1,7 +1,7 @@
 """The trainer's state and one GRPO update, in plain torch (the trainer Ray actor wraps this).
 
     batch {tokens [B,T], logprobs [B,L] (behaviour policy), advantages [B]}
-        ─► token_logprobs(π_θ) ─► objective.policy_loss (+ β·KL to π_ref) ─► backward ─► clip ─► AdamW step
+        ─► policy.completion_logprobs(π_θ) ─► objective.policy_loss (+ β·KL to π_ref) ─► backward ─► clip ─► AdamW
 
 `version` counts optimizer steps taken on whole batches (updates_per_batch inner
 steps count once), so version t is the policy after t training steps. State on disk,
@@ -21,18 +21,22 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.errors import CheckpointCorrupt
-from trainingrun_runtime.grpo import objective, task, transformer
+from trainingrun_runtime.grpo import builtin, objective, policy, task
 from trainingrun_runtime.storage import files
 from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["Trainer", "deterministic", "weights_sha256"]
 
+POLICY_FORMAT = "hf-gpt2/1"
+"""What `model.pt` and `optimizer.pt` hold, in each manifest's `extra.policy_format`: the state of `grpo.builtin`'s
+Hugging Face GPT-2 and its AdamW. A manifest without it was written by a version whose built-in model was a
+hand-written transformer, which this version cannot load (`driver.restore.check_config` refuses it)."""
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer.json"
@@ -60,14 +64,14 @@ class Trainer:
     def __init__(self, cfg: config.TrainerConfig) -> None:
         self.cfg = cfg
         self.task = task.Task(cfg.task, cfg.seed)
-        self.model = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+        self.model = builtin.model(cfg.model, self.task, cfg.seed)
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay, foreach=False
         )
-        self.reference: transformer.CausalTransformer | None = None
+        self.reference: Any = None
         if g.kl_coef is not None:
-            self.reference = transformer.build(cfg.model, self.task.vocab_size, self.task.seq_len, cfg.seed)
+            self.reference = builtin.model(cfg.model, self.task, cfg.seed).eval()
             self.reference.requires_grad_(False)
         self.version = 0
 
@@ -86,10 +90,10 @@ class Trainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp = transformer.token_logprobs(self.reference, tokens, self.task.prompt_len, g.temperature)
+                ref_logp = self._logprobs(self.reference, tokens)
         stats: dict[str, float] = {}
         for _ in range(g.updates_per_batch):
-            logp = transformer.token_logprobs(self.model, tokens, self.task.prompt_len, g.temperature)
+            logp = self._logprobs(self.model, tokens)
             loss, loss_stats = objective.policy_loss(logp, old_logp, advantages, mask, g.clip_eps, g.kl_coef, ref_logp)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -104,6 +108,12 @@ class Trainer:
             }
         self.version += 1
         return stats
+
+    def _logprobs(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
+        prompt_lens = torch.full((tokens.shape[0],), self.task.prompt_len)
+        return policy.completion_logprobs(
+            model, tokens, prompt_lens, self.task.completion_len, self.cfg.grpo.temperature
+        )
 
     def save(self, directory: str | os.PathLike[str]) -> str:
         """Write model.pt, optimizer.pt and trainer.json into `directory` (created); return weights_sha256."""

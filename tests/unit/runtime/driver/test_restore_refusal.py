@@ -26,6 +26,7 @@ from trainingrun_runtime.errors import (
     RestoreInterrupted,
     RestoreRefused,
 )
+from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.storage import layout, manifest
 
 RUN = "tiny"
@@ -39,8 +40,17 @@ def edited(**grpo: object) -> config.RuntimeConfig:
     )
 
 
-def saved_manifest(step: int, cfg: config.RuntimeConfig = SAVED, *, math: bool = True) -> manifest.Manifest:
+def saved_manifest(
+    step: int,
+    cfg: config.RuntimeConfig = SAVED,
+    *,
+    math: bool = True,
+    policy_format: str | None = trainer.POLICY_FORMAT,
+) -> manifest.Manifest:
     """A manifest as the driver writes it under `cfg` (its files beside the point here)."""
+    extra: dict[str, object] = {"config_math": config.math_fields(cfg)} if math else {}
+    if policy_format is not None:
+        extra["policy_format"] = policy_format
     return manifest.Manifest(
         format_version=manifest.FORMAT_VERSION,
         run=RUN,
@@ -51,7 +61,7 @@ def saved_manifest(step: int, cfg: config.RuntimeConfig = SAVED, *, math: bool =
         files={},
         replay_digest="0" * 64,
         replay_mode="authoritative",
-        extra={"config_math": config.math_fields(cfg)} if math else {},
+        extra=extra,
     )
 
 
@@ -133,6 +143,16 @@ def test_one_changed_field_is_named_alone() -> None:
 def test_a_manifest_that_lists_no_fields_names_spec_trainer() -> None:
     with pytest.raises(ConfigMismatch, match=r"^spec\.trainer: .*lists no fields.*set it back"):
         restore.check_config(saved_manifest(4, math=False), edited(lr=0.01))
+
+
+def test_a_checkpoint_of_the_hand_written_model_is_refused_under_the_same_math_rather_than_loaded() -> None:
+    """Before grpo.builtin, the built-in model was a hand-written transformer, and its manifests carry no policy
+    format: under the same spec its checkpoint would pass the config hash, then fail to load and be taken for a
+    corrupt step (and the run's checkpoints passed over one by one). It is a config mismatch instead, which keeps
+    them all and says what to do."""
+    with pytest.raises(ConfigMismatch, match=r"^step_4 holds the hand-written model.*another name from scratch"):
+        restore.check_config(saved_manifest(4, policy_format=None), SAVED)
+    restore.check_config(saved_manifest(4), SAVED)
 
 
 def test_harmless_fields_never_refuse() -> None:

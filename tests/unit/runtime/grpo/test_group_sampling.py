@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from trainingrun_runtime import config
-from trainingrun_runtime.grpo import group_sampling, seeding, task, transformer
+from trainingrun_runtime.grpo import builtin, group_sampling, policy, seeding, task
 
 
-def _setup(seed: int = 0) -> tuple[task.Task, transformer.CausalTransformer]:
+def _setup(seed: int = 0) -> tuple[task.Task, Any]:
     cfg = config.TrainerConfig(seed=seed)
     the_task = task.Task(cfg.task, cfg.seed)
-    return the_task, transformer.build(cfg.model, the_task.vocab_size, the_task.seq_len, cfg.seed)
+    return the_task, builtin.model(cfg.model, the_task, cfg.seed)
+
+
+def _group(the_task: task.Task, m: Any, index: int, uid: int, version: int, temperature: float = 1.0) -> Any:
+    prompts = builtin.Prompts(the_task)
+    return group_sampling.sample_group(
+        m,
+        builtin.tokenizer(the_task.cfg),
+        prompts.prompt_of(index),
+        prompts.answer_of(index),
+        builtin.partial_credit,
+        seed=the_task.seed,
+        uid=uid,
+        version=version,
+        group_size=8,
+        sampling=policy.Sampling(max_new_tokens=the_task.completion_len, temperature=temperature),
+    )
 
 
 def test_derived_seeds_depend_only_on_their_parts() -> None:
@@ -28,10 +46,11 @@ def test_reward_gives_partial_credit_per_position() -> None:
     assert the_task.reward(digits, right) == 1.0
     assert the_task.reward(digits, [6, 5, 0, 0]) == 0.5  # two digits right, BOS counts as wrong
     assert task.Task(config.TaskConfig(kind="increment", digits=6), 0).answer([5, 0]) == [0, 1]
+    assert builtin.partial_credit("1 2 3 4", "4 3 <s> <s>", "4 3 2 1") == 0.5
 
 
-def test_prompts_are_a_function_of_seed_and_index() -> None:
-    a, _ = _setup(0)
+def test_prompts_are_derived_from_the_seed() -> None:
+    a = task.Task(config.TaskConfig(), seed=0)
     assert a.digits_of(7) == task.Task(a.cfg, 0).digits_of(7)
     assert [a.digits_of(i) for i in range(20)] != [task.Task(a.cfg, 1).digits_of(i) for i in range(20)]
 
@@ -47,22 +66,31 @@ def test_the_initial_policy_ignores_the_global_rng() -> None:
 
 def test_a_group_is_the_same_whatever_ran_before_it() -> None:
     the_task, m = _setup()
-    digits = the_task.digits_of(3)
-    first = group_sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
+    first = _group(the_task, m, index=3, uid=3, version=0)
     torch.rand(1000)
-    group_sampling.sample_group(m, the_task, the_task.digits_of(4), uid=4, version=0, group_size=8, temperature=1.0)
-    again = group_sampling.sample_group(m, the_task, digits, uid=3, version=0, group_size=8, temperature=1.0)
+    _group(the_task, m, index=4, uid=4, version=0)
+    again = _group(the_task, m, index=3, uid=3, version=0)
     assert torch.equal(first.tokens, again.tokens)
     assert torch.equal(first.logprobs, again.logprobs)
-    other_version = group_sampling.sample_group(m, the_task, digits, uid=3, version=1, group_size=8, temperature=1.0)
+    assert torch.equal(first.rewards, again.rewards)
+    other_version = _group(the_task, m, index=3, uid=3, version=1)
     assert not torch.equal(first.tokens, other_version.tokens)
 
 
 def test_recorded_log_probs_match_the_trainers_full_forward() -> None:
     the_task, m = _setup()
-    group = group_sampling.sample_group(m, the_task, the_task.digits_of(0), 0, 0, 8, temperature=0.7)
+    group = _group(the_task, m, index=0, uid=0, version=0, temperature=0.7)
     with torch.no_grad():
-        full = transformer.token_logprobs(m, group.tokens, the_task.prompt_len, temperature=0.7)
+        full = policy.completion_logprobs(
+            m, group.tokens, torch.full((8,), the_task.prompt_len), the_task.completion_len, temperature=0.7
+        )
     assert group.tokens.shape == (8, the_task.seq_len)
     assert torch.allclose(full, group.logprobs, atol=1e-5)
     assert group.rewards.shape == (8,)
+
+
+def test_the_rewards_are_the_tasks_partial_credit_of_the_sampled_tokens() -> None:
+    the_task, m = _setup()
+    group = _group(the_task, m, index=5, uid=5, version=0)
+    completions = group.tokens[:, the_task.prompt_len :].tolist()
+    assert group.rewards.tolist() == [the_task.reward(the_task.digits_of(5), c) for c in completions]
