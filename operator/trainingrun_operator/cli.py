@@ -10,6 +10,9 @@
     trainingrun run FILE [--root DIR] [--chaos]
         one TrainingRun on this machine, without Kubernetes (local.py), same decision core; it allows no added
         capability and no hostPath (there is no chart to allow one, and no pod)
+    trainingrun export RUN_DIR [--step N] OUT
+        a checkpoint's policy as a Hugging Face model directory (`trainingrun_runtime.export`, run in a process of
+        its own: it needs the runtime's torch and transformers, which the operator never imports)
 
 Input a command cannot use (a missing or malformed file, an invalid TrainingRun, a kubeconfig without
 credentials) is one message on stderr that names the file and the line or the fields, and exit status 2, as
@@ -156,6 +159,19 @@ def _run_command(args: argparse.Namespace) -> int:
     return local.run_file(pathlib.Path(args.file), root=pathlib.Path(args.root), chaos=args.chaos, seed=args.chaos_seed)
 
 
+def _export_command(args: argparse.Namespace) -> int:
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        raise errors.InvalidInput(
+            "trainingrun export needs the runtime's torch and transformers: pip install 'trainingrun[runtime]'"
+        )
+    step = ["--step", str(args.step)] if args.step is not None else []
+    command = [sys.executable, "-m", "trainingrun_runtime.export", args.run_dir, args.out, *step]
+    return subprocess.run(command, check=False).returncode
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trainingrun", description=__doc__.split("\n\n")[0] if __doc__ else None)
     log_help = "DEBUG (adds the traceback to an error), INFO, WARNING, ERROR (env LOG_LEVEL)"
@@ -227,6 +243,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chaos", action="store_true", help="kill the driver at random moments to show a resume")
     run.add_argument("--chaos-seed", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=_run_command)
+
+    export = sub.add_parser(
+        "export", parents=[common], help="write a checkpoint's policy as a Hugging Face model directory"
+    )
+    export.add_argument("run_dir", help="a run's directory: ROOT/local/<run> locally, /checkpoints/<path>/<ns>/<run>")
+    export.add_argument("out", help="a new (or empty) directory for the model")
+    export.add_argument("--step", type=int, default=None, help="export step_N (default: the newest complete step)")
+    export.set_defaults(func=_export_command)
     return parser
 
 

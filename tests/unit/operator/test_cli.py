@@ -290,3 +290,17 @@ def test_a_kuberay_label_that_is_not_key_equals_value_is_named_before_anything_s
         f"trainingrun operator: error: --kuberay-label {label}: expected KEY=VALUE, "
         "e.g. app.kubernetes.io/name=kuberay-operator\n"
     )
+
+
+def test_export_runs_the_runtimes_exporter_and_passes_on_its_exit_status(tmp_path: pathlib.Path) -> None:
+    """The operator's command never imports the runtime: `export` runs it as a process and returns its status."""
+    fixture = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "bundle-format-1" / "compat"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainingrun_operator.cli", "export", str(tmp_path / "none"), str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "holds no complete checkpoint" in done.stderr
+    assert cli.main(["export", str(fixture), str(tmp_path / "b"), "--step", "2"]) == 0
+    assert (tmp_path / "b" / "config.json").is_file() and (tmp_path / "b" / "model.safetensors").is_file()
