@@ -19,8 +19,12 @@ the widths of a model far larger than this one): the CRD's `spec.trainer` schema
 
 The config hash covers ONLY the math-relevant fields, listed in `MATH_FIELDS`:
 
-    trainer.model     trainer.task     trainer.grpo     trainer.sampler
-    trainer.prompts_per_step           trainer.seed
+    trainer.model     trainer.task     trainer.data     trainer.reward     trainer.generation
+    trainer.grpo      trainer.sampler  trainer.prompts_per_step            trainer.seed
+
+Fields added after the first checkpoints were written (`ADDED_LATER`) enter the hash only when set away from their
+default, so a configuration that does not use them hashes as before. The data file's contents and the model
+directory's weights are not in the hash (their paths are); the manifest carries the data's fingerprint.
 
 Deliberately excluded (changing them never changes a trained weight):
 `trainer.steps` (the step limit; a run may be extended), `trainer.generation_workers`
@@ -38,17 +42,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "ADDED_LATER",
+    "DEFAULT_MAX_NEW_TOKENS",
     "GENERATION_RESOURCE",
     "MATH_FIELDS",
     "MAX_SEED",
     "MAX_STEPS",
     "CheckpointConfig",
+    "DataConfig",
     "GRPOConfig",
     "GenerationConfig",
     "ModelConfig",
+    "RewardConfig",
     "RuntimeConfig",
     "SamplerConfig",
     "TaskConfig",
+    "TextGenerationConfig",
     "TrainerConfig",
     "config_hash",
     "math_diff",
@@ -75,35 +84,77 @@ MAX_SEED = 2**53 - 1
 server holds a schema's bounds (2**63 - 1, rounded up to 2**63, would refuse every seed)."""
 
 
-def _cel_heads_divide_width(schema: dict[str, Any], cls: type[BaseModel]) -> None:
-    """`_heads_divide_width` in CEL, for the CRD (trainingrun_operator.core.crdschema): the API server checks it at
-    admission. An absent field has its default here, which the rule reads from the model."""
+def _cel_model(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """`ModelConfig`'s rules across fields in CEL, for the CRD (trainingrun_operator.core.crdschema): the API server
+    checks them at admission. An absent field has its default here, which the rule reads from the model."""
     width, heads = cls.model_fields["d_model"].default, cls.model_fields["n_heads"].default
+    sizes = " || ".join(f"has(self.{to_camel(name)})" for name in _BUILTIN_SIZES)
     schema["x-kubernetes-validations"] = [
         {
             "rule": f"(has(self.dModel) ? self.dModel : {width}) % (has(self.nHeads) ? self.nHeads : {heads}) == 0",
             "message": f"nHeads must divide dModel (defaults {heads} and {width})",
             "fieldPath": ".nHeads",
-        }
+        },
+        {"rule": f"!has(self.path) || !({sizes})", "message": _SIZES_WITH_PATH, "fieldPath": ".path"},
+        {
+            "rule": "has(self.path) || (!has(self.dtype) && !has(self.trustRemoteCode))",
+            "message": "dtype and trustRemoteCode apply to a model from `path`; the built-in model is float32",
+            "fieldPath": ".path",
+        },
     ]
 
 
+_BUILTIN_SIZES = ("d_model", "n_layers", "n_heads", "d_ff")
+_SIZES_WITH_PATH = (
+    "dModel, nLayers, nHeads and dFf size the built-in model; a model from `path` has its own sizes in its "
+    "config.json: remove them"
+)
+
+
 class ModelConfig(_Model):
-    """The policy: a tiny decoder-only (causal) transformer."""
+    """The policy: the built-in tiny model (sized by these fields), or a Hugging Face causal LM from `path`."""
 
-    model_config = ConfigDict(json_schema_extra=_cel_heads_divide_width)
+    model_config = ConfigDict(json_schema_extra=_cel_model)
 
-    d_model: int = Field(default=64, ge=8, le=16384, description="Width of the residual stream. Default 64.")
-    n_layers: int = Field(default=2, ge=1, le=1024, description="Number of transformer blocks. Default 2.")
-    n_heads: int = Field(
-        default=4, ge=1, le=1024, description="Attention heads per block; must divide dModel. Default 4."
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description=(
+            "A directory in Hugging Face format (config.json, safetensors weights, tokenizer files), loaded with "
+            "local files only: absolute inside the pod (the image, the checkpoint volume at /checkpoints/..., any "
+            "volume of the pod template); locally, absolute or relative to the YAML file. A hub id is refused: "
+            "copy the model into a volume. Unset: the built-in tiny model. Default unset."
+        ),
     )
-    d_ff: int = Field(default=128, ge=8, le=65536, description="Hidden width of each block's MLP. Default 128.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="The precision the model from `path` is trained in. Default `float32`."
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Run the Python code the model directory ships (`trust_remote_code`). Default false.",
+    )
+    d_model: int = Field(
+        default=64, ge=8, le=16384, description="Built-in model: width of the residual stream. Default 64."
+    )
+    n_layers: int = Field(default=2, ge=1, le=1024, description="Built-in model: transformer blocks. Default 2.")
+    n_heads: int = Field(
+        default=4, ge=1, le=1024, description="Built-in model: attention heads; must divide dModel. Default 4."
+    )
+    d_ff: int = Field(
+        default=128, ge=8, le=65536, description="Built-in model: hidden width of each block's MLP. Default 128."
+    )
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        # Set away from their defaults (a configuration dumped and read again sets every field, at its default).
+        away = {name for name in self.model_fields_set if getattr(self, name) != type(self).model_fields[name].default}
+        if self.path is not None and away & set(_BUILTIN_SIZES):
+            raise ValueError(_SIZES_WITH_PATH)
+        if self.path is None and away & {"dtype", "trust_remote_code"}:
+            raise ValueError("dtype and trustRemoteCode apply to a model from `path`; the built-in model is float32")
         return self
 
 
@@ -187,11 +238,159 @@ class SamplerConfig(_Model):
     )
 
 
+class DataConfig(_Model):
+    """The user's prompts and answers (`rollout.dataset`): row i of the file is dataset index i."""
+
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description=(
+            "A `.jsonl` or `.parquet` file: absolute inside the pod (the checkpoint volume at /checkpoints/..., any "
+            "volume of the pod template); locally, absolute or relative to the YAML file."
+        ),
+    )
+    prompt_field: str = Field(
+        default="prompt", min_length=1, max_length=256, description="The field that holds a prompt. Default `prompt`."
+    )
+    answer_field: str = Field(
+        default="answer",
+        min_length=1,
+        max_length=256,
+        description="The field that holds the answer the reward compares with (text or a number). Default `answer`.",
+    )
+
+
+_FUNCTION = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _cel_reward(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """`RewardConfig._function_with_its_kind` in CEL, for the CRD."""
+    schema["x-kubernetes-validations"] = [
+        {"rule": "(self.kind == 'function') == has(self.function)", "message": _FUNCTION_KIND, "fieldPath": ".function"}
+    ]
+
+
+_FUNCTION_KIND = "`function` is set exactly when kind is `function`"
+
+
+class RewardConfig(_Model):
+    """How a completion is scored against its prompt's answer (`grpo.rewards`)."""
+
+    model_config = ConfigDict(json_schema_extra=_cel_reward)
+
+    kind: Literal["exact", "math", "function"] = Field(
+        description=(
+            "`exact`: 1 if the completion equals the answer, both stripped. `math`: 1 if the completion's final "
+            "number (the last \\boxed{}, else the number after `####`, else the last number) equals the answer "
+            "numerically. `function`: the user's `function`. Unset `reward`: the built-in task's partial credit."
+        )
+    )
+    function: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=_FUNCTION,
+        description=(
+            "`module:callable`, called as callable(prompt, completion, answer) -> float: importable in the runtime "
+            "image on a cluster; locally from the YAML file's directory or PYTHONPATH. Only with kind `function`. "
+            "Default unset."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _function_with_its_kind(self) -> RewardConfig:
+        if (self.kind == "function") != (self.function is not None):
+            raise ValueError(_FUNCTION_KIND)
+        return self
+
+
+_Stop = Annotated[str, Field(min_length=1, max_length=256)]
+DEFAULT_MAX_NEW_TOKENS = 256
+"""`generation.maxNewTokens` of a model from `path` when unset."""
+
+
+class TextGenerationConfig(_Model):
+    """How the generation workers sample completions (`grpo.policy.Sampling`)."""
+
+    max_new_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=32768,
+        description=(
+            f"Tokens generated at most per completion. Default {DEFAULT_MAX_NEW_TOKENS} for a model from "
+            "`model.path`; the built-in task's completions are `task.length` tokens, and it may not be set there."
+        ),
+    )
+    temperature: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=100.0,
+        description="Sampling temperature. Default 1.0 (the older spelling `grpo.temperature` sets it too).",
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling's mass. Default 1.0 (off).")
+    stop: tuple[_Stop, ...] = Field(
+        default=(),
+        max_length=16,
+        description=(
+            "A completion ends after the first of these strings (kept in it) or the tokenizer's end token. "
+            "Default none."
+        ),
+    )
+    chat_template: bool = Field(
+        default=False,
+        description="Put each prompt through the tokenizer's chat template (as a user turn), if it has one. "
+        "Default false.",
+    )
+
+
+_DATA_NEEDS_PATH = "data needs a model from model.path (the built-in model's tokenizer knows only digits)"
+_PATH_NEEDS_DATA = "a model from model.path trains on the user's prompts: set data (path, promptField, answerField)"
+_TASK_WITH_DATA = "task configures the built-in task, which data replaces: remove task"
+_DATA_NEEDS_REWARD = "data needs reward (kind: exact, math or function) to score completions against its answers"
+_LENGTH_OF_TASK = "generation.maxNewTokens: the built-in task's completions are task.length tokens; remove it"
+_TWO_TEMPERATURES = "generation.temperature and grpo.temperature are the same setting: keep generation.temperature"
+
+
+def _cel_trainer(schema: dict[str, Any], cls: type[BaseModel]) -> None:
+    """`TrainerConfig._consistent` in CEL, for the CRD: the API server checks it at admission."""
+    path = "(has(self.model) && has(self.model.path))"
+    schema["x-kubernetes-validations"] = [
+        {"rule": f"!has(self.data) || {path}", "message": _DATA_NEEDS_PATH, "fieldPath": ".data"},
+        {"rule": f"has(self.data) || !{path}", "message": _PATH_NEEDS_DATA, "fieldPath": ".model.path"},
+        {"rule": "!has(self.data) || !has(self.task)", "message": _TASK_WITH_DATA, "fieldPath": ".task"},
+        {"rule": "!has(self.data) || has(self.reward)", "message": _DATA_NEEDS_REWARD, "fieldPath": ".data"},
+        {
+            "rule": "has(self.data) || !has(self.generation) || !has(self.generation.maxNewTokens)",
+            "message": _LENGTH_OF_TASK,
+            "fieldPath": ".generation.maxNewTokens",
+        },
+        {
+            "rule": "!(has(self.generation) && has(self.generation.temperature) && has(self.grpo) && "
+            "has(self.grpo.temperature))",
+            "message": _TWO_TEMPERATURES,
+            "fieldPath": ".grpo.temperature",
+        },
+    ]
+
+
 class TrainerConfig(_Model):
-    """The TrainingRun's `spec.trainer`: model, task, GRPO, sampler, step limit and seed."""
+    """The TrainingRun's `spec.trainer`: model, data or task, reward, generation, GRPO, sampler, steps and seed."""
+
+    model_config = ConfigDict(json_schema_extra=_cel_trainer)
 
     model: ModelConfig = Field(default=ModelConfig(), description="The policy network. Defaults as ModelConfig.")
-    task: TaskConfig = Field(default=TaskConfig(), description="The synthetic task. Defaults as TaskConfig.")
+    task: TaskConfig = Field(
+        default=TaskConfig(), description="The built-in synthetic task (when no data). Defaults as TaskConfig."
+    )
+    data: DataConfig | None = Field(
+        default=None, description="The user's prompts and answers, for a model from model.path. Default unset."
+    )
+    reward: RewardConfig | None = Field(
+        default=None,
+        description="How completions are scored; required with data. Default unset: the built-in task's score.",
+    )
+    generation: TextGenerationConfig = Field(
+        default=TextGenerationConfig(), description="How completions are sampled. Defaults as its fields."
+    )
     grpo: GRPOConfig = Field(default=GRPOConfig(), description="The GRPO loss. Defaults as GRPOConfig.")
     sampler: SamplerConfig = Field(
         default=SamplerConfig(), description="Which groups a step trains on. Defaults as SamplerConfig."
@@ -213,6 +412,26 @@ class TrainerConfig(_Model):
         description="Root of every random draw (init, prompts, shuffles, samples). Default 0.",
     )
     log_every: int = Field(default=10, ge=1, le=MAX_STEPS, description="Log a progress line every N steps. Default 10.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerConfig:
+        has_path = self.model.path is not None
+        for broken, message in (
+            (self.data is not None and not has_path, _DATA_NEEDS_PATH),
+            (self.data is None and has_path, _PATH_NEEDS_DATA),
+            (self.data is not None and self.task != TaskConfig(), _TASK_WITH_DATA),
+            (self.data is not None and self.reward is None, _DATA_NEEDS_REWARD),
+            (self.data is None and self.generation.max_new_tokens is not None, _LENGTH_OF_TASK),
+            (self.generation.temperature is not None and self.grpo.temperature != 1.0, _TWO_TEMPERATURES),
+        ):
+            if broken:
+                raise ValueError(message)
+        return self
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature: `generation.temperature`, else `grpo.temperature` (its older spelling)."""
+        return self.grpo.temperature if self.generation.temperature is None else self.generation.temperature
 
 
 class CheckpointConfig(_Model):
@@ -268,12 +487,31 @@ class RuntimeConfig(_Model):
 MATH_FIELDS: tuple[str, ...] = (
     "trainer.model",
     "trainer.task",
+    "trainer.data",
+    "trainer.reward",
+    "trainer.generation",
     "trainer.grpo",
     "trainer.sampler",
     "trainer.prompts_per_step",
     "trainer.seed",
 )
 """Dotted paths (snake_case) of the fields that change the math; only these enter `config_hash`."""
+
+ADDED_LATER: dict[str, Any] = {
+    "trainer.model.path": None,
+    "trainer.model.dtype": "float32",
+    "trainer.model.trust_remote_code": False,
+    "trainer.data": None,
+    "trainer.reward": None,
+    "trainer.generation.max_new_tokens": None,
+    "trainer.generation.temperature": None,
+    "trainer.generation.top_p": 1.0,
+    "trainer.generation.stop": [],
+    "trainer.generation.chat_template": False,
+}
+"""Math fields that came after checkpoints were first written, with their defaults: a field at its default is left
+out of `math_fields`, so a configuration that does not use it hashes as it did before it existed (and a checkpoint
+of that time still resumes)."""
 
 
 def math_fields(config: RuntimeConfig) -> dict[str, Any]:
@@ -285,7 +523,7 @@ def math_fields(config: RuntimeConfig) -> dict[str, Any]:
         for part in path.split("."):
             node = node[part]
         _flatten(path, node, flat)
-    return flat
+    return {key: value for key, value in flat.items() if key not in ADDED_LATER or value != ADDED_LATER[key]}
 
 
 def _flatten(prefix: str, node: Any, out: dict[str, Any]) -> None:

@@ -25,14 +25,14 @@ import copy
 import dataclasses
 import pathlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRD = REPO / "manifests" / "crd" / "trainingrun.dev_trainingruns.yaml"
-EXAMPLES = ("tiny.yaml", "cluster.yaml")
+EXAMPLES = ("tiny.yaml", "cluster.yaml", "qwen-math.yaml")
 HUGE = 100_000
 """Characters in a huge string: far past every bound, well under the API server's request limit (3 MiB)."""
 UNKNOWN = "notAField"
@@ -248,6 +248,7 @@ def _by_hand(doc: dict[str, Any]) -> list[Bad]:
     found.append(
         Bad(("spec", "trainer", "model", "dModel"), model.get("nHeads", 4) * 8 + 1, heads, schema_checks=False)
     )
+    found += _model_and_data(spec["trainer"])
     found.append(Bad(("spec", "trainer", "prompts_per_step"), 8))
     found.append(Bad(("spec", "trainer", "grpo", "adamBetas"), [1.0, 0.9], ("spec", "trainer", "grpo", "adamBetas", 0)))
     found.append(Bad(("spec", "resume"), {"policy": "step"}, schema_checks=False))
@@ -261,6 +262,34 @@ def _by_hand(doc: dict[str, Any]) -> list[Bad]:
     found.append(Bad(params, {"num-cpus; rm -rf /": "8"}, schema_checks=False))
     found.append(Bad(params, {"num-cpus": "8 && curl x"}, schema_checks=False))
     found.append(Bad(params, {"resources": "'{\"x\": $(id)}'"}, schema_checks=False))
+    return found
+
+
+def _model_and_data(trainer: dict[str, Any]) -> list[Bad]:
+    """The rules across spec.trainer's model, data, task, reward and generation (CEL)."""
+    at: Callable[..., Path] = lambda *names: ("spec", "trainer", *names)  # noqa: E731
+    found = [
+        Bad(at("reward"), {"kind": "function"}, at("reward", "function"), schema_checks=False),
+        Bad(at("reward"), {"kind": "math", "function": "rewards:score"}, at("reward", "function"), schema_checks=False),
+        Bad(
+            at(),
+            {**trainer, "generation": {"temperature": 0.5}, "grpo": {**trainer.get("grpo", {}), "temperature": 0.7}},
+            at("grpo", "temperature"),
+            schema_checks=False,
+        ),
+    ]
+    if "data" in trainer:  # a model of the user's own
+        found.append(Bad(at("model", "dModel"), 32, at("model", "path"), schema_checks=False))
+        found.append(Bad(at("task"), {"kind": "copy"}, schema_checks=False))
+        found.append(Bad(at(), {k: v for k, v in trainer.items() if k != "reward"}, at("data"), schema_checks=False))
+        found.append(
+            Bad(at(), {k: v for k, v in trainer.items() if k != "data"}, at("model", "path"), schema_checks=False)
+        )
+    else:  # the built-in model and task
+        found.append(Bad(at("data"), {"path": "problems.jsonl"}, schema_checks=False))
+        found.append(Bad(at("model", "path"), "/models/mine", schema_checks=False))
+        found.append(Bad(at("model", "dtype"), "bfloat16", at("model", "path"), schema_checks=False))
+        found.append(Bad(at("generation"), {"maxNewTokens": 8}, at("generation", "maxNewTokens"), schema_checks=False))
     return found
 
 

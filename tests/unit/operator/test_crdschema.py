@@ -3,6 +3,7 @@ that every field is there, and what the converter refuses (test_manifests checks
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 import pydantic
@@ -55,11 +56,16 @@ def test_every_field_of_the_config_is_there_under_its_camel_case_name_and_nothin
         for field in model.model_fields.values():
             assert field.alias is not None
             found.append(f"{prefix}{field.alias}")
-            if isinstance(field.annotation, type) and issubclass(field.annotation, pydantic.BaseModel):
-                found += names(field.annotation, schema["properties"][field.alias], f"{prefix}{field.alias}.")
+            nested = [t for t in (field.annotation, *typing.get_args(field.annotation)) if _is_model(t)]
+            if nested:  # a model, or a model or None
+                found += names(nested[0], schema["properties"][field.alias], f"{prefix}{field.alias}.")
         return found
 
-    assert len(names(TrainerConfig, SCHEMA, "")) == 29  # 4 objects, 25 leaves
+    assert len(names(TrainerConfig, SCHEMA, "")) == 45  # 7 objects, 38 leaves
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, pydantic.BaseModel)
 
 
 def test_objects_are_typed_closed_and_carry_no_defaults() -> None:
@@ -76,7 +82,8 @@ def test_objects_are_typed_closed_and_carry_no_defaults() -> None:
 
 
 def test_the_models_rule_across_fields_comes_along_as_cel_with_the_models_defaults() -> None:
-    (rule,) = at(SCHEMA, "model")["x-kubernetes-validations"]
+    rule, *path_rules = at(SCHEMA, "model")["x-kubernetes-validations"]
+    assert [r["fieldPath"] for r in path_rules] == [".path", ".path"]
     assert rule["rule"] == "(has(self.dModel) ? self.dModel : 64) % (has(self.nHeads) ? self.nHeads : 4) == 0"
     assert rule["fieldPath"] == ".nHeads"
 
