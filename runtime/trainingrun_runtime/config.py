@@ -239,7 +239,7 @@ class SamplerConfig(_Model):
 
 
 class DataConfig(_Model):
-    """The user's prompts and answers (`rollout.dataset`): row i of the file is dataset index i."""
+    """The user's prompts and answers (`grpo.dataset`): row i of the file is dataset index i."""
 
     path: str = Field(
         min_length=1,

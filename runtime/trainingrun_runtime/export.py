@@ -1,7 +1,8 @@
 """`trainingrun export RUN_DIR [--step N] OUT`: a checkpoint's policy as a Hugging Face model directory.
 
     RUN_DIR/step_N ─► verify every checksum ─► policy/model.pt (read through its checked descriptor)
-        ─► the model its manifest's math describes (grpo.builtin) ─► OUT/config.json, model.safetensors,
+        ─► the model its manifest's math describes (grpo.workload: the built-in one, or the one from model.path,
+           whose directory gives the config and the tokenizer) ─► OUT/config.json, model.safetensors,
            generation_config.json, tokenizer files
 
 What comes out loads with `AutoModelForCausalLM.from_pretrained(OUT)` and `AutoTokenizer.from_pretrained(OUT)` and
@@ -23,8 +24,8 @@ from typing import Any
 import torch
 
 from trainingrun_runtime import config
-from trainingrun_runtime.errors import CheckpointCorrupt, TrainingRunError
-from trainingrun_runtime.grpo import builtin, task, trainer
+from trainingrun_runtime.errors import CheckpointCorrupt, InvalidSpec, TrainingRunError
+from trainingrun_runtime.grpo import trainer, workload
 from trainingrun_runtime.storage import files, layout, verification
 
 __all__ = ["ExportError", "export", "main"]
@@ -86,13 +87,17 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
         raise ExportError(f"{bundle.path}: no {layout.POLICY}/{trainer.MODEL_FILE} in its manifest")
     with files.open_checked(bundle.path / layout.POLICY / trainer.MODEL_FILE, entry) as f:
         state = torch.load(f, weights_only=True)
-    model = builtin.model(cfg.model, task.Task(cfg.task, cfg.seed), cfg.seed)
+    try:
+        work = workload.Workload(cfg, with_prompts=False)
+        model = work.new_model()
+    except InvalidSpec as e:  # a model of the user's own: its directory gives the config and the tokenizer
+        raise ExportError(f"the run's model directory is needed for its config and tokenizer: {e}") from e
     model.load_state_dict(state)
     if trainer.weights_sha256(model.state_dict()) != m.weights_sha256:
         raise ExportError(f"{bundle.path}: the loaded weights do not match the manifest's weights_sha256")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    builtin.tokenizer(cfg.task).save_pretrained(out)
+    work.tokenizer.save_pretrained(out)
     (out / "trainingrun.json").write_text(
         json.dumps({"run": m.run, "step": m.step, "weights_sha256": m.weights_sha256, "source": str(bundle.path)})
         + "\n"

@@ -192,8 +192,11 @@ class LocalRun:
         chaos: Chaos | None = None,
         clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
         console: TextIO | None = None,
+        files_dir: pathlib.Path | None = None,
     ) -> None:
         self.run = run
+        self.files_dir = files_dir
+        """The YAML file's directory: the driver imports a reward function's module from it (before PYTHONPATH)."""
         self.name = run.metadata.name
         self.root = root.resolve()
         self.namespace_root = self.root / NAMESPACE
@@ -288,7 +291,10 @@ class LocalRun:
             run_uid=f"local-{self.name}-{self.status.get('startTime')}",
         )
         log_path = self.dir / "attempts" / str(action.number) / "driver.log"
-        proc = driver_process.spawn(args, log_path, marker=marker(self.dir, os.getpid(), action.number))
+        env = {}
+        if self.files_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.files_dir), os.environ.get("PYTHONPATH")) if p)
+        proc = driver_process.spawn(args, log_path, marker=marker(self.dir, os.getpid(), action.number), env=env)
         self.procs[action.number] = proc
         logger.debug("attempt %d: pid %d", action.number, proc.pid)
 
@@ -473,7 +479,7 @@ def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, see
     cannot be used (the command line exits 2)."""
     run = runfile.load(path)
     _make_root(root)
-    local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None)
+    local = LocalRun(run, root, chaos=Chaos(random.Random(seed)) if chaos else None, files_dir=path.resolve().parent)
     local.adopt_old_layout()
     previous = _read_json(local.dir / "status.json") or {}
     if previous.get("phase") == Phase.SUCCEEDED.value:

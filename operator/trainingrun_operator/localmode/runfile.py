@@ -18,7 +18,7 @@ import yaml
 
 from trainingrun_operator.core import errors, model, validation
 
-__all__ = ["RUN_NAME", "RUN_NAME_MAX", "load"]
+__all__ = ["FILE_FIELDS", "RUN_NAME", "RUN_NAME_MAX", "load"]
 
 RUN_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 """metadata.name, as the CRD's rule has it (fullmatch): a DNS-1035 label."""
@@ -29,7 +29,8 @@ RUN_NAME_MAX = 40
 def load(path: pathlib.Path) -> model.TrainingRun:
     """The first TrainingRun in a YAML file, checked as the operator checks one: metadata.name against the CRD's
     rule, the model (the CRD's mirror) and spec.trainer against the runtime's RuntimeConfig
-    (validation.run_problems). `status` in the file is ignored.
+    (validation.run_problems). `status` in the file is ignored; a relative model.path or data.path is made absolute
+    against the file's directory (`FILE_FIELDS`).
 
     Raises errors.InvalidInput naming the file, and the line and column of a YAML error or of every invalid field.
     """
@@ -45,7 +46,22 @@ def load(path: pathlib.Path) -> model.TrainingRun:
     found = _name_problems(doc) + validation.run_problems(doc)
     if found:
         raise errors.InvalidInput(_problems_message(path, node, doc, found))
-    return model.TrainingRun.model_validate(doc)
+    return model.TrainingRun.model_validate(_files_from(doc, path.resolve().parent))
+
+
+FILE_FIELDS = (("model", "path"), ("data", "path"))
+"""The fields of spec.trainer that name a file or directory: locally, a relative one is read from the YAML file's
+directory (on a cluster every path is absolute inside the pod)."""
+
+
+def _files_from(doc: dict[str, Any], directory: pathlib.Path) -> dict[str, Any]:
+    """`doc` with each relative path of `FILE_FIELDS` made absolute against `directory`."""
+    trainer = dict(doc["spec"].get("trainer") or {})
+    for section, key in FILE_FIELDS:
+        part = trainer.get(section)
+        if isinstance(part, Mapping) and isinstance(part.get(key), str) and not pathlib.Path(part[key]).is_absolute():
+            trainer[section] = {**part, key: str(directory / part[key])}
+    return {**doc, "spec": {**doc["spec"], "trainer": trainer}}
 
 
 def _name_problems(doc: Mapping[str, Any]) -> list[validation.Problem]:

@@ -322,12 +322,7 @@ class SingleController:
                 continue
             if group["version"] != version:
                 raise RuntimeError(f"uid {uid}: asked for version {version}, generated with {group['version']}")
-            fields = {
-                "tokens": group["tokens"],
-                "logprobs": group["logprobs"],
-                "rewards": group["rewards"],
-            }
-            await self.attached.replay.commit(group_rows(uid, g).group_id, fields)
+            await self.attached.replay.commit(group_rows(uid, g).group_id, group["fields"])
             self.args.ledger.committed(uid, version)  # same loop turn as the commit
             self._rows_ready.set()
             self.attached.metrics.rollout()

@@ -50,9 +50,11 @@ from trainingrun_runtime.errors import (
     ConfigMismatch,
     DigestError,
     GenerationLost,
+    InvalidSpec,
     PreflightError,
     RestoreFailed,
     RestoreInterrupted,
+    RewardFailed,
     Superseded,
 )
 from trainingrun_runtime.storage import checksum
@@ -193,6 +195,10 @@ def main(argv: list[str] | None = None) -> Exit:
     except Superseded as e:
         print(contract.line(Prefix.SUPERSEDED, e), file=sys.stderr)
         return Exit.FAILED
+    except (InvalidSpec, RewardFailed) as e:  # the spec's model, data or reward: retrying cannot help
+        _shutdown_ray()
+        print(contract.line(Prefix.BAD_CONFIG, e), file=sys.stderr)
+        return Exit.BAD_CONFIG
     except (RestoreFailed, ConfigMismatch, RestoreInterrupted) as e:
         ended = restore_exit(e)
         assert ended is not None, "each of the three is a restore failure"
@@ -217,6 +223,11 @@ def main(argv: list[str] | None = None) -> Exit:
             _close(built)
             print(contract.line(Prefix.GENERATION_LOST, cause), file=sys.stderr)
             return Exit.GENERATION_LOST
+        spec_error = _spec_error(cause)  # a reward function that raised on a sample, say
+        if spec_error is not None:
+            _close(built)
+            print(contract.line(Prefix.BAD_CONFIG, spec_error), file=sys.stderr)
+            return Exit.BAD_CONFIG
         ended = restore_exit(cause)
         if ended is not None:
             _report_restore_error(rep, opts, ended.report)
@@ -309,6 +320,19 @@ def _close(built: setup.Setup) -> None:
     except Exception:
         log.exception("closing TransferQueue or stopping the trainer worker failed")
     _shutdown_ray()
+
+
+def _spec_error(error: BaseException) -> InvalidSpec | RewardFailed | None:
+    """The InvalidSpec or RewardFailed that `error` is or carries (Ray wraps an actor's error once per actor it
+    passed through: the generation worker's, then the controller's)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if isinstance(seen, InvalidSpec | RewardFailed):
+            return seen
+        seen = getattr(seen, "cause", None) or (seen.__cause__ if seen is not None else None)
+        if seen is None:
+            return None
+    return None
 
 
 def _shutdown_ray() -> None:

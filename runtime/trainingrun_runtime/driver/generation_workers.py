@@ -28,7 +28,7 @@ import torch
 from trainingrun_runtime import config
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.errors import GenerationLost
-from trainingrun_runtime.grpo import builtin, group_sampling, policy, task, trainer
+from trainingrun_runtime.grpo import group_sampling, trainer, workload
 
 __all__ = ["Fleet", "GeneratedGroup", "Generator", "Slot", "is_lost", "spawn"]
 
@@ -36,13 +36,12 @@ log = logging.getLogger(__name__)
 
 
 class GeneratedGroup(TypedDict):
-    """What `generate` returns: one group's rows and the version that produced them."""
+    """What `generate` returns: one group's row fields (`group_sampling.Group.fields`) and the version that produced
+    them."""
 
     uid: int
     version: int
-    tokens: torch.Tensor
-    logprobs: torch.Tensor
-    rewards: torch.Tensor
+    fields: dict[str, torch.Tensor]
 
 
 class Generator:
@@ -51,11 +50,8 @@ class Generator:
     def __init__(self, cfg: config.TrainerConfig) -> None:
         trainer.deterministic()
         self.cfg = cfg
-        self.task = task.Task(cfg.task, cfg.seed)
-        self.model = builtin.model(cfg.model, self.task, cfg.seed).eval()
-        self.tokenizer = builtin.tokenizer(cfg.task)
-        self.prompts = builtin.Prompts(self.task)
-        self.sampling = policy.Sampling(max_new_tokens=self.task.completion_len, temperature=cfg.grpo.temperature)
+        self.work = workload.Workload(cfg)
+        self.model = self.work.new_model().eval()
         self.version = 0
 
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
@@ -74,21 +70,8 @@ class Generator:
             raise RuntimeError(
                 f"asked to generate uid {uid} with version {version}, but this worker holds {self.version}"
             )
-        group = group_sampling.sample_group(
-            self.model,
-            self.tokenizer,
-            self.prompts.prompt_of(index),
-            self.prompts.answer_of(index),
-            builtin.partial_credit,
-            seed=self.cfg.seed,
-            uid=uid,
-            version=self.version,
-            group_size=self.cfg.grpo.group_size,
-            sampling=self.sampling,
-        )
-        return GeneratedGroup(
-            uid=uid, version=self.version, tokens=group.tokens, logprobs=group.logprobs, rewards=group.rewards
-        )
+        group = group_sampling.sample_group(self.model, self.work, index, uid=uid, version=self.version)
+        return GeneratedGroup(uid=uid, version=self.version, fields=group.fields(self.work.variable))
 
 
 def spawn(cfg: config.TrainerConfig, name: str, options: Mapping[str, Any]) -> Any:

@@ -93,9 +93,11 @@ class Rollout:
     ledger: ledger.Ledger
 
     @classmethod
-    def fresh(cls, cfg: config.TrainerConfig) -> Rollout:
-        """Loader at uid 0, sampler at step 0, an empty ledger."""
-        return cls(prompt_loader.PromptLoader(cfg.task.dataset_size, cfg.seed), samplers.build(cfg), ledger.Ledger())
+    def fresh(cls, cfg: config.TrainerConfig, dataset_size: int | None = None) -> Rollout:
+        """Loader at uid 0 over `dataset_size` prompts (default: the built-in task's), sampler at step 0, an empty
+        ledger."""
+        size = cfg.task.dataset_size if dataset_size is None else dataset_size
+        return cls(prompt_loader.PromptLoader(size, cfg.seed), samplers.build(cfg), ledger.Ledger())
 
 
 @dataclasses.dataclass(frozen=True)

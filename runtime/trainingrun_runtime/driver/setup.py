@@ -56,6 +56,7 @@ from trainingrun_runtime.driver import (
     trainers,
 )
 from trainingrun_runtime.errors import GenerationLost
+from trainingrun_runtime.grpo import workload
 from trainingrun_runtime.storage import fence, layout, retention
 
 __all__ = ["DriverOptions", "Setup", "adopt_legacy_run_dir", "setup_single_controller"]
@@ -151,6 +152,9 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     if orphaned:
         ev.emit("checkpoints_set_aside", steps=orphaned)
     chosen, restore_s = _choose(opts, ev)
+    data = workload.check(tcfg)  # a wrong model, data or reward field fails here (InvalidSpec), before Ray starts
+    if data is not None:
+        ev.emit("data_read", rows=len(data), fingerprint=data.fingerprint)
 
     _init_ray(opts)
     ev.emit("ray_started", metrics_port=_metrics_port())
@@ -166,7 +170,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         the_trainers = trainers.Trainers(tcfg, prefix, head)
         _on_failure(undo, "the trainer worker and TransferQueue", the_trainers.close)
         ev.emit("tq_started")
-        rollout = restore.Rollout.fresh(tcfg)
+        rollout = restore.Rollout.fresh(tcfg, workload.dataset_size(tcfg, data))
         began = time.monotonic()
         restored = restore.restore(chosen, the_trainers, rollout, ev)
         restore_s += time.monotonic() - began

@@ -31,7 +31,7 @@ import torch
 from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.driver import placement
-from trainingrun_runtime.grpo import trainer
+from trainingrun_runtime.grpo import trainer, workload
 from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers"]
@@ -61,12 +61,16 @@ class TrainerWorker:
         """Read the batch's rows (in the given order) and take one training step."""
         if self.client is None:
             raise RuntimeError("trainer worker is not attached to the data plane")
-        rows = self.client.read_rows(partition, sample_ids, TRAIN_FIELDS)
+        variable = workload.variable_rows(self.trainer.cfg)
+        rows = self.client.read_rows(partition, sample_ids, TRAIN_FIELDS + (workload.ROW_FIELDS if variable else ()))
         tokens, logprobs, advantages = (rows[f] for f in TRAIN_FIELDS)
         assert isinstance(tokens, torch.Tensor) and isinstance(logprobs, torch.Tensor)
         assert isinstance(advantages, torch.Tensor)
+        mask, prompt_lens = (rows[f] for f in ("mask", "prompt_len")) if variable else (None, None)
+        assert mask is None or isinstance(mask, torch.Tensor)
+        assert prompt_lens is None or isinstance(prompt_lens, torch.Tensor)
         trainer.deterministic()  # TransferQueue's reads reset torch's thread count; put it back
-        stats = self.trainer.train_step(tokens, logprobs, advantages)
+        stats = self.trainer.train_step(tokens, logprobs, advantages, mask, prompt_lens)
         stats["version"] = float(self.trainer.version)
         return stats
 

@@ -33,7 +33,16 @@ from torch.nn import functional as F
 
 from trainingrun_runtime.errors import InvalidSpec
 
-__all__ = ["DTYPES", "Completions", "Sampling", "check_directory", "completion_logprobs", "load", "sample"]
+__all__ = [
+    "DTYPES",
+    "Completions",
+    "Sampling",
+    "check_directory",
+    "completion_logprobs",
+    "load",
+    "load_tokenizer",
+    "sample",
+]
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 """`spec.trainer.model.dtype` -> the dtype the weights are loaded in (and trained in)."""
@@ -73,16 +82,13 @@ def load(
     field: str = "spec.trainer.model.path",
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from a model directory, local files only; the model in `dtype`, in train mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     # One line per event in the driver's log, not a progress bar per load.
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    p = check_directory(path, field)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(p, local_files_only=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise InvalidSpec(f"{field}: {p}: no tokenizer could be loaded from it ({e})") from e
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code, field=field)
+    p = Path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             p, dtype=DTYPES[dtype], local_files_only=True, trust_remote_code=trust_remote_code
@@ -96,6 +102,18 @@ def load(
         raise InvalidSpec(f"{field}: {p}: {e}") from e
     model.train()
     return model, tokenizer
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False, field: str = "spec.trainer.model.path") -> Any:
+    """The tokenizer of a model directory, local files only (the generation workers' and the trainer's, without the
+    weights)."""
+    from transformers import AutoTokenizer
+
+    p = check_directory(path, field)
+    try:
+        return AutoTokenizer.from_pretrained(p, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise InvalidSpec(f"{field}: {p}: no tokenizer could be loaded from it ({e})") from e
 
 
 def model_card(path: str | Path) -> dict[str, Any]:

@@ -27,15 +27,16 @@ import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.errors import CheckpointCorrupt
-from trainingrun_runtime.grpo import builtin, objective, policy, task
+from trainingrun_runtime.grpo import objective, policy, workload
 from trainingrun_runtime.storage import files
 from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = ["Trainer", "deterministic", "weights_sha256"]
 
 POLICY_FORMAT = "hf-gpt2/1"
-"""What `model.pt` and `optimizer.pt` hold, in each manifest's `extra.policy_format`: the state of `grpo.builtin`'s
-Hugging Face GPT-2 and its AdamW. A manifest without it was written by a version whose built-in model was a
+"""What `model.pt` and `optimizer.pt` hold, in each manifest's `extra.policy_format`: the state dict of the Hugging
+Face model the config builds (`grpo.builtin`'s GPT-2, or the model from `model.path`) and of its AdamW. A manifest
+without it was written by a version whose built-in model was a
 hand-written transformer, which this version cannot load (`driver.restore.check_config` refuses it)."""
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -63,15 +64,15 @@ class Trainer:
 
     def __init__(self, cfg: config.TrainerConfig) -> None:
         self.cfg = cfg
-        self.task = task.Task(cfg.task, cfg.seed)
-        self.model = builtin.model(cfg.model, self.task, cfg.seed)
+        self.work = workload.Workload(cfg, with_prompts=False)
+        self.model = self.work.new_model()
         g = cfg.grpo
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=g.lr, betas=g.adam_betas, weight_decay=g.weight_decay, foreach=False
         )
         self.reference: Any = None
         if g.kl_coef is not None:
-            self.reference = builtin.model(cfg.model, self.task, cfg.seed).eval()
+            self.reference = self.work.new_model().eval()
             self.reference.requires_grad_(False)
         self.version = 0
 
@@ -83,17 +84,30 @@ class Trainer:
         """`weights_sha256` of the current weights."""
         return weights_sha256(self.model.state_dict())
 
-    def train_step(self, tokens: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor) -> dict[str, float]:
-        """One training step (updates_per_batch optimizer steps) on one batch; version += 1."""
+    def train_step(
+        self,
+        tokens: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        prompt_lens: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """One training step (updates_per_batch optimizer steps) on one batch; version += 1.
+
+        `mask` [B, L] (1 for each generated token) and `prompt_lens` [B] come with rows of varying length
+        (`workload.ROW_FIELDS`); without them every completion fills its L tokens after a prompt of the built-in
+        task's length."""
         g = self.cfg.grpo
-        mask = torch.ones_like(old_logp)
+        mask = torch.ones_like(old_logp) if mask is None else mask.float()
+        if prompt_lens is None:
+            prompt_lens = torch.full((tokens.shape[0],), self.work.prompt_width)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp = self._logprobs(self.reference, tokens)
+                ref_logp = self._logprobs(self.reference, tokens, prompt_lens)
         stats: dict[str, float] = {}
         for _ in range(g.updates_per_batch):
-            logp = self._logprobs(self.model, tokens)
+            logp = self._logprobs(self.model, tokens, prompt_lens)
             loss, loss_stats = objective.policy_loss(logp, old_logp, advantages, mask, g.clip_eps, g.kl_coef, ref_logp)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -109,11 +123,9 @@ class Trainer:
         self.version += 1
         return stats
 
-    def _logprobs(self, model: Any, tokens: torch.Tensor) -> torch.Tensor:
-        prompt_lens = torch.full((tokens.shape[0],), self.task.prompt_len)
-        return policy.completion_logprobs(
-            model, tokens, prompt_lens, self.task.completion_len, self.cfg.grpo.temperature
-        )
+    def _logprobs(self, model: Any, tokens: torch.Tensor, prompt_lens: torch.Tensor) -> torch.Tensor:
+        s = self.work.sampling
+        return policy.completion_logprobs(model, tokens, prompt_lens, s.max_new_tokens, s.temperature)
 
     def save(self, directory: str | os.PathLike[str]) -> str:
         """Write model.pt, optimizer.pt and trainer.json into `directory` (created); return weights_sha256."""

@@ -199,8 +199,9 @@ def test_a_run_keeps_its_files_under_the_local_namespace_and_the_driver_gets_tha
     spawned: list[driver_process.DriverArgs] = []
 
     def spawn_driver(
-        args: driver_process.DriverArgs, log: pathlib.Path, *, marker: str
+        args: driver_process.DriverArgs, log: pathlib.Path, *, marker: str, env: dict[str, str]
     ) -> driver_process.DriverProcess:
+        assert env == {}  # no YAML file's directory to import a reward function from
         spawned.append(args)
         return driver_process.DriverProcess(args.attempt, subprocess.Popen(["true"]), log, marker)
 

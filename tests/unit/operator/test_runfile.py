@@ -75,3 +75,21 @@ def test_the_name_rule_is_the_crds(tmp_path: pathlib.Path) -> None:
     rules = [r["rule"] for r in version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]]
     assert f"size(self.metadata.name) <= {runfile.RUN_NAME_MAX}" in rules
     assert f"self.metadata.name.matches('^{runfile.RUN_NAME.pattern}$')" in rules
+
+
+def test_a_relative_model_or_data_path_is_read_from_the_yaml_files_directory_and_an_absolute_one_is_kept(
+    tmp_path: pathlib.Path,
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    trainer = doc["spec"]["trainer"]
+    for key in ("model", "task"):
+        trainer.pop(key)
+    trainer["model"] = {"path": "models/mine"}
+    trainer["data"] = {"path": "/data/problems.jsonl"}
+    trainer["reward"] = {"kind": "math"}
+    (tmp_path / "dir").mkdir()
+    path = tmp_path / "dir" / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    loaded = runfile.load(tmp_path / "dir" / ".." / "dir" / "run.yaml").spec.trainer
+    assert loaded["model"] == {"path": str(tmp_path / "dir" / "models" / "mine")}
+    assert loaded["data"] == {"path": "/data/problems.jsonl"}

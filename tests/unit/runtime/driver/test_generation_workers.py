@@ -15,7 +15,8 @@ def test_two_generators_at_the_same_version_produce_the_same_group() -> None:
     a, b = generation_workers.Generator(cfg), generation_workers.Generator(cfg)
     b.generate(5, 6, version=0)  # b has history; it must not matter
     ga, gb = a.generate(7, 3, version=0), b.generate(7, 3, version=0)
-    assert torch.equal(ga["tokens"], gb["tokens"]) and torch.equal(ga["logprobs"], gb["logprobs"])
+    fa, fb = ga["fields"], gb["fields"]
+    assert torch.equal(fa["tokens"], fb["tokens"]) and torch.equal(fa["logprobs"], fb["logprobs"])
 
 
 def test_a_generator_refuses_a_version_it_does_not_hold_and_reports_the_one_it_used() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from trainingrun_runtime import config
-from trainingrun_runtime.grpo import builtin, group_sampling, policy, seeding, task
+from trainingrun_runtime.grpo import builtin, group_sampling, policy, seeding, task, workload
 
 
 def _setup(seed: int = 0) -> tuple[task.Task, Any]:
@@ -17,19 +17,10 @@ def _setup(seed: int = 0) -> tuple[task.Task, Any]:
 
 
 def _group(the_task: task.Task, m: Any, index: int, uid: int, version: int, temperature: float = 1.0) -> Any:
-    prompts = builtin.Prompts(the_task)
-    return group_sampling.sample_group(
-        m,
-        builtin.tokenizer(the_task.cfg),
-        prompts.prompt_of(index),
-        prompts.answer_of(index),
-        builtin.partial_credit,
-        seed=the_task.seed,
-        uid=uid,
-        version=version,
-        group_size=8,
-        sampling=policy.Sampling(max_new_tokens=the_task.completion_len, temperature=temperature),
+    cfg = config.TrainerConfig.model_validate(
+        {"seed": the_task.seed, "grpo": {"groupSize": 8}, "generation": {"temperature": temperature}}
     )
+    return group_sampling.sample_group(m, workload.Workload(cfg), index, uid=uid, version=version)
 
 
 def test_derived_seeds_depend_only_on_their_parts() -> None:
@@ -86,7 +77,9 @@ def test_recorded_log_probs_match_the_trainers_full_forward() -> None:
         )
     assert group.tokens.shape == (8, the_task.seq_len)
     assert torch.allclose(full, group.logprobs, atol=1e-5)
-    assert group.rewards.shape == (8,)
+    assert group.rewards.shape == (8,) and group.prompt_len == the_task.prompt_len
+    assert set(group.fields(variable=False)) == {"tokens", "logprobs", "rewards"}
+    assert set(group.fields(variable=True)) == {"tokens", "logprobs", "rewards", "prompt_len", "mask"}
 
 
 def test_the_rewards_are_the_tasks_partial_credit_of_the_sampled_tokens() -> None:

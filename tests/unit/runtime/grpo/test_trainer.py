@@ -10,31 +10,16 @@ import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.errors import CheckpointCorrupt
-from trainingrun_runtime.grpo import builtin, group_sampling, objective, policy, trainer
+from trainingrun_runtime.grpo import group_sampling, objective, trainer, workload
 from trainingrun_runtime.storage import files
 
 CFG = config.TrainerConfig(prompts_per_step=3, grpo=config.GRPOConfig(group_size=4, kl_coef=0.1, updates_per_batch=2))
 
 
 def _train(tr: trainer.Trainer, steps: range) -> None:
-    tok, prompts = builtin.tokenizer(CFG.task), builtin.Prompts(tr.task)
-    sampling = policy.Sampling(max_new_tokens=tr.task.completion_len)
+    work = workload.Workload(CFG)
     for s in steps:
-        groups = [
-            group_sampling.sample_group(
-                tr.model,
-                tok,
-                prompts.prompt_of(u),
-                prompts.answer_of(u),
-                builtin.partial_credit,
-                seed=CFG.seed,
-                uid=u,
-                version=s,
-                group_size=CFG.grpo.group_size,
-                sampling=sampling,
-            )
-            for u in range(s * 3, s * 3 + 3)
-        ]
+        groups = [group_sampling.sample_group(tr.model, work, u, uid=u, version=s) for u in range(s * 3, s * 3 + 3)]
         adv = objective.group_advantages(torch.stack([g.rewards for g in groups]), 1e-4).flatten()
         tr.train_step(torch.cat([g.tokens for g in groups]), torch.cat([g.logprobs for g in groups]), adv)
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainingrun_runtime.errors import InvalidSpec
-from trainingrun_runtime.rollout import dataset
+from trainingrun_runtime.grpo import dataset
 
 ROWS = [{"question": "2+2?", "solution": "4", "extra": 1}, {"question": "3*3?", "solution": 9, "extra": 2}]
 
