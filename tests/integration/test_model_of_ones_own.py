@@ -22,6 +22,7 @@ import yaml
 
 from support import hfmodels
 from trainingrun_operator.localmode import local
+from trainingrun_runtime.grpo import dataset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -86,6 +87,13 @@ def test_a_users_model_data_and_reward_train_to_a_rising_reward_and_export_to_a_
     run_dir = root / "local" / "mine"
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(run_dir.glob("attempts/*/driver.log")))
     assert result.returncode == 0, result.stderr[-3000:] + logs
+
+    saved = json.loads((run_dir / f"step_{STEPS}" / "manifest.json").read_text())
+    assert (
+        saved["extra"]["data_fingerprint"]
+        == dataset.load(yaml_file.parent / "problems.jsonl", "question", "solution").fingerprint
+    )
+    assert saved["extra"]["config_math"]["trainer.model.path"] == str(yaml_file.parent / "model")
 
     rewards = [r for _, r in local.read_rewards(run_dir, 1)[1]]
     assert len(rewards) == STEPS, logs

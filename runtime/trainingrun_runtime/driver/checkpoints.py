@@ -173,6 +173,8 @@ class Checkpoints:
                 "exclusive_s": snap.exclusive_s,
                 "reason": reason,
             }
+            if self._args.data_fingerprint is not None:
+                extra["data_fingerprint"] = self._args.data_fingerprint
             path = await asyncio.to_thread(  # fenced inside, right before the rename
                 lambda: pending.commit(
                     attempt=self._args.attempt, config_hash=self._args.config_hash, weights_sha256=sha, extra=extra
@@ -189,7 +191,8 @@ class Checkpoints:
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
         self._args.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
-                         exclusive_s=snap.exclusive_s, reason=reason)  # fmt: skip
+                         exclusive_s=snap.exclusive_s, committed_s=time.monotonic() - started,
+                         reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
         self.save_s = time.monotonic() - started
         if self._telemetry is not None:

@@ -142,6 +142,9 @@ class SingleControllerActorArgs:
     """How long setup's restore took (verification included); None: a fresh start restored nothing."""
     orphaned: tuple[int, ...] = ()
     """The steps setup set aside as `orphan_step_N` (`status.runtime.orphanedCheckpoints`)."""
+    data_fingerprint: str | None = None
+    """`spec.trainer.data`'s rows as read (`grpo.dataset.Dataset.fingerprint`), in every manifest; None: the built-in
+    task."""
 
 
 @dataclasses.dataclass(frozen=True)

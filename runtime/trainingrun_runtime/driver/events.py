@@ -1,10 +1,12 @@
 """The event log: the order in which setup and the controller built and did things.
 
     driver setup:  run_dir_moved (an old-layout run directory adopted, if any), driver_started, run_dir_claimed,
-                   checkpoints_set_aside (if any), checkpoint_selected, ray_started, tq_started,
+                   checkpoints_set_aside (if any), checkpoint_selected, data_read (spec.trainer.data's rows and
+                   fingerprint, if any), ray_started, tq_started,
                    tq_restored | tq_fresh, policy_loaded, generators_ready, actor_created
     controller:    client_connected, buffer_built, index_restored, pumps_started, step_done (per step, with
-                   the mean reward), checkpoint_committed, generator_lost, generator_replaced, finished
+                   the mean reward), checkpoint_committed (with the seconds from the save's begin to its commit),
+                   generator_lost, generator_replaced, finished
 
 Each event is one JSON line appended (O_APPEND, one write) to a file shared by the
 driver and the controller actor, with the process id and a wall-clock time. The driver

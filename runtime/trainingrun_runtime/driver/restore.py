@@ -233,6 +233,20 @@ def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[contract.BadChec
     return found
 
 
+def check_data(saved: manifest.Manifest, fingerprint: str) -> None:
+    """Refuse (ConfigMismatch) a checkpoint trained on other rows of spec.trainer.data than the file holds now: the
+    loader's place in it would point into other prompts. A manifest without a fingerprint (the built-in task's)
+    never refuses."""
+    held = saved.extra.get("data_fingerprint")
+    if held is None or held == fingerprint:
+        return
+    raise ConfigMismatch(
+        f"spec.trainer.data.path: the file's rows changed since step_{saved.step} was trained (data fingerprint "
+        f"{str(held)[:12]}, the file now {fingerprint[:12]}). Put the rows it was trained on back and start the run "
+        "again (it resumes), or train on the new rows from scratch under another name"
+    )
+
+
 def check_config(saved: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
     """Refuse (ConfigMismatch) a checkpoint written under other math; harmless fields never refuse.
 

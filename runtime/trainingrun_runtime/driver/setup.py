@@ -155,6 +155,8 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     data = workload.check(tcfg)  # a wrong model, data or reward field fails here (InvalidSpec), before Ray starts
     if data is not None:
         ev.emit("data_read", rows=len(data), fingerprint=data.fingerprint)
+        if chosen is not None:
+            restore.check_data(chosen.manifest, data.fingerprint)
 
     _init_ray(opts)
     ev.emit("ray_started", metrics_port=_metrics_port())
@@ -200,6 +202,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
             namespace=opts.namespace,
             restore_s=restore_s if chosen is not None else None,
             orphaned=tuple(orphaned[-reporting.ORPHANS_LISTED :]),
+            data_fingerprint=None if data is None else data.fingerprint,
         )
         the_actor = controller.actor(f"{prefix}-controller", head).remote(args)
         undo.pop_all()  # created: the entrypoint takes them down from here on (`entrypoint._close`)

@@ -7,6 +7,7 @@ so that an index that does not fit this buffer (PreflightError) is told apart wi
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from pathlib import Path
 
@@ -153,6 +154,17 @@ def test_a_checkpoint_of_the_hand_written_model_is_refused_under_the_same_math_r
     with pytest.raises(ConfigMismatch, match=r"^step_4 holds the hand-written model.*another name from scratch"):
         restore.check_config(saved_manifest(4, policy_format=None), SAVED)
     restore.check_config(saved_manifest(4), SAVED)
+
+
+def test_a_checkpoint_trained_on_other_rows_of_the_data_file_is_refused_naming_the_field() -> None:
+    """The loader's place points into the rows as they were: the same path with other rows would resume silently on
+    other prompts."""
+    saved = saved_manifest(4)
+    trained = dataclasses.replace(saved, extra={**saved.extra, "data_fingerprint": "a" * 64})
+    restore.check_data(trained, "a" * 64)
+    with pytest.raises(ConfigMismatch, match=r"^spec\.trainer\.data\.path: the file's rows changed since step_4"):
+        restore.check_data(trained, "b" * 64)
+    restore.check_data(saved, "b" * 64)  # the built-in task's manifests have no fingerprint
 
 
 def test_harmless_fields_never_refuse() -> None:
