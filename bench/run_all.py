@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ORDER = [
     "bench_imports.py",
     "bench_policy.py",
+    "bench_checkpoint_100m.py",
     "bench_dataplane.py",
     "bench_grpo.py",
     "bench_operator.py",
@@ -29,6 +30,9 @@ REQUIRED = [
     "dataplane_import_cpu_gated_vs_plain",
     "hf_generate_vs_bare",
     "hf_train_vs_bare",
+    "ckpt_save_vs_disk_100m",
+    "ckpt_load_vs_disk_100m",
+    "resume_to_first_step_s_100m",
     "dataplane_save_vs_disk",
     "dataplane_load_vs_disk",
     "barrier_hold_vs_snapshot",
