@@ -12,15 +12,23 @@
 
 So losing a worker pod loses no state: only generation workers can be on it, and the controller replaces them
 (`controller`). The driver always runs on the head: KubeRay submits it to the head's job server.
+
+GPUs (`gpus`): the trainer asks for one when the head has one, and each generation worker asks for one when every
+node it may run on has one (on the head: one for the trainer and one per generation worker), so that Ray gives the
+actor its device (CUDA_VISIBLE_DEVICES) and the model goes onto it (`grpo.workload.device`); otherwise they run on
+the CPU. KubeRay gives each pod's Ray the GPUs of its `nvidia.com/gpu` limit. Not measured on a GPU here: the test
+machine has none.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainingrun_runtime import config
 
-__all__ = ["generation", "head_node", "on_head"]
+__all__ = ["Gpus", "generation", "gpus", "head_node", "on_head"]
 
 
 def head_node() -> str:
@@ -37,8 +45,35 @@ def on_head(node_id: str) -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}
 
 
-def generation(cfg: config.GenerationConfig) -> dict[str, Any]:
-    """Actor options for a generation worker: on the worker groups when the run has them, else anywhere."""
+@dataclasses.dataclass(frozen=True)
+class Gpus:
+    """How many GPUs the trainer and each generation worker ask Ray for (0 or 1)."""
+
+    trainer: int = 0
+    generator: int = 0
+
+
+def gpus(nodes: Sequence[Mapping[str, Any]], head: str, cfg: config.GenerationConfig, generation_workers: int) -> Gpus:
+    """The GPUs to ask for, from Ray's nodes (`ray.nodes()`: NodeID, Alive, Resources); see the module."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+
+    def gpus_of(node: Mapping[str, Any]) -> float:
+        return float((node.get("Resources") or {}).get("GPU", 0))
+
+    on_head = sum(gpus_of(n) for n in alive if n.get("NodeID") == head)
+    trainer = 1 if on_head >= 1 else 0
+    if cfg.on_worker_groups:
+        workers = [n for n in alive if config.GENERATION_RESOURCE in (n.get("Resources") or {})]
+        generator = 1 if workers and all(gpus_of(n) >= 1 for n in workers) else 0
+    else:
+        generator = 1 if on_head >= trainer + generation_workers else 0
+    return Gpus(trainer=trainer, generator=generator)
+
+
+def generation(cfg: config.GenerationConfig, num_gpus: int = 0) -> dict[str, Any]:
+    """Actor options for a generation worker: on the worker groups when the run has them, else anywhere; with
+    `num_gpus` GPUs (`gpus`)."""
+    options: dict[str, Any] = {"num_gpus": num_gpus} if num_gpus else {}
     if not cfg.on_worker_groups:
-        return {}
-    return {"resources": {config.GENERATION_RESOURCE: 1}, "scheduling_strategy": "SPREAD"}
+        return options
+    return {**options, "resources": {config.GENERATION_RESOURCE: 1}, "scheduling_strategy": "SPREAD"}

@@ -164,12 +164,15 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
     head = placement.head_node()  # run state lives here: TransferQueue, the trainer, the controller
     with contextlib.ExitStack() as undo:  # a failure from here on takes down what was started, newest first
         # Generation workers first: their processes start while TransferQueue does (they never touch it).
-        generation_options = placement.generation(opts.config.generation)
+        import ray
+
+        devices = placement.gpus(ray.nodes(), head, opts.config.generation, tcfg.generation_workers)  # type: ignore[no-untyped-call]
+        generation_options = placement.generation(opts.config.generation, devices.generator)
         generators: list[Any] = []
         _on_failure(undo, "the generation workers", lambda: _kill(generators))
         for i in range(tcfg.generation_workers):
             generators.append(generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options))
-        the_trainers = trainers.Trainers(tcfg, prefix, head)
+        the_trainers = trainers.Trainers(tcfg, prefix, head, num_gpus=devices.trainer)
         _on_failure(undo, "the trainer worker and TransferQueue", the_trainers.close)
         ev.emit("tq_started")
         rollout = restore.Rollout.fresh(tcfg, workload.dataset_size(tcfg, data))

@@ -100,7 +100,13 @@ class Trainers:
     """The trainer worker handle(s) and, on the driver only, the bootstrap data-plane client."""
 
     def __init__(
-        self, cfg: config.TrainerConfig, name_prefix: str, head: str, *, storage_units: int = STORAGE_UNITS
+        self,
+        cfg: config.TrainerConfig,
+        name_prefix: str,
+        head: str,
+        *,
+        storage_units: int = STORAGE_UNITS,
+        num_gpus: int = 0,
     ) -> None:
         """Start the trainer worker and TransferQueue on the Ray node `head` (`placement`: run state lives there).
 
@@ -111,7 +117,7 @@ class Trainers:
 
         self.cfg = cfg
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
-        options = {"name": f"{name_prefix}-trainer", **placement.on_head(head)}
+        options = {"name": f"{name_prefix}-trainer", "num_gpus": num_gpus, **placement.on_head(head)}
         self.worker: Any = worker_cls.options(**options).remote(cfg)
         try:
             self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(

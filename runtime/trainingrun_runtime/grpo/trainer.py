@@ -45,6 +45,7 @@ STATE_FILE = "trainer.json"
 
 def deterministic() -> None:
     """Make this process's torch bit-reproducible on CPU: one intra-op thread, deterministic kernels."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs, on a GPU
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
 
@@ -77,8 +78,8 @@ class Trainer:
         self.version = 0
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the weights (what generators load)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A detached copy of the weights in host memory (what generators load, wherever their device is)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def weights_sha256(self) -> str:
         """`weights_sha256` of the current weights."""
@@ -144,9 +145,9 @@ class Trainer:
         the file), so what is loaded is what was verified, in this process."""
         path = Path(directory)
         with self._open(path, MODEL_FILE, expected) as f:
-            self.model.load_state_dict(torch.load(f, weights_only=True))
-        with self._open(path, OPTIMIZER_FILE, expected) as f:
-            self.optimizer.load_state_dict(torch.load(f, weights_only=True))
+            self.model.load_state_dict(torch.load(f, weights_only=True, map_location="cpu"))
+        with self._open(path, OPTIMIZER_FILE, expected) as f:  # AdamW moves its state onto the parameters' device
+            self.optimizer.load_state_dict(torch.load(f, weights_only=True, map_location="cpu"))
         with self._open(path, STATE_FILE, expected) as f:
             self.version = int(json.loads(f.read())["version"])
         return self.weights_sha256()

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from trainingrun_runtime import config
 from trainingrun_runtime.grpo import builtin, dataset, policy, rewards, task
 
-__all__ = ["ROW_FIELDS", "Prompts", "Workload", "check", "dataset_size", "variable_rows"]
+__all__ = ["ROW_FIELDS", "Prompts", "Workload", "check", "dataset_size", "device", "variable_rows"]
 
 ROW_FIELDS = ("prompt_len", "mask")
 """The fields a row of a run on the user's data carries besides tokens, logprobs and rewards (`variable_rows`)."""
@@ -125,12 +125,13 @@ class Workload:
         return self.prompt_width + self.sampling.max_new_tokens
 
     def new_model(self) -> Any:
-        """The version-0 policy, in train mode: the same weights for the same config, in every process."""
+        """The version-0 policy, in train mode, on `device()`: the same weights for the same config, in every
+        process."""
         if self.cfg.model.path is None:
-            return builtin.model(self.cfg.model, self._task, self.cfg.seed)
+            return builtin.model(self.cfg.model, self._task, self.cfg.seed).to(device())
         m = self.cfg.model
         model, _ = policy.load(m.path, m.dtype, trust_remote_code=m.trust_remote_code)  # type: ignore[arg-type]
-        return model
+        return model.to(device())
 
     def prompt_ids(self, index: int) -> list[int]:
         """Prompt `index` as the model reads it: through the chat template when asked for and the tokenizer has one."""
@@ -142,6 +143,13 @@ class Workload:
             )
             return list(ids)
         return list(self.tokenizer(text)["input_ids"])
+
+
+def device() -> str:
+    """Where this process's models go: `cuda` when Ray gave it a GPU (`driver.placement.gpus`), else `cpu`."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _ids(value: int | Sequence[int] | None) -> frozenset[int]:

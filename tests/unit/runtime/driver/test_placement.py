@@ -1,0 +1,66 @@
+"""Which GPUs the trainer and the generation workers ask Ray for, from Ray's view of the nodes (no Ray here: the
+nodes are written as `ray.nodes()` gives them). Not run on a GPU: the test machine has none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainingrun_runtime import config
+from trainingrun_runtime.driver import placement
+
+LOCAL = config.GenerationConfig()
+GROUPS = config.GenerationConfig(on_worker_groups=True)
+
+
+def node(node_id: str, gpus: float = 0, *, generation: bool = False, alive: bool = True) -> dict[str, Any]:
+    resources: dict[str, float] = {"CPU": 8.0}
+    if gpus:
+        resources["GPU"] = gpus
+    if generation:
+        resources[config.GENERATION_RESOURCE] = 1000.0
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "cfg", "workers", "wanted"),
+    [
+        ([node("head")], LOCAL, 2, placement.Gpus(0, 0)),  # a laptop, the test machine
+        ([node("head", 1)], LOCAL, 2, placement.Gpus(1, 0)),  # one GPU: the trainer's
+        ([node("head", 3)], LOCAL, 2, placement.Gpus(1, 1)),  # one each
+        (
+            [node("head", 1), node("w1", 1, generation=True), node("w2", 1, generation=True)],
+            GROUPS,
+            4,
+            placement.Gpus(1, 1),
+        ),
+        (
+            [node("head"), node("w1", 1, generation=True), node("w2", 0, generation=True)],
+            GROUPS,
+            2,
+            placement.Gpus(0, 0),
+        ),
+        (
+            [node("head"), node("w1", 1, generation=True), node("w2", 0, generation=True, alive=False)],
+            GROUPS,
+            2,
+            placement.Gpus(0, 1),
+        ),  # a lost worker pod does not count
+        ([node("head", 8)], GROUPS, 2, placement.Gpus(1, 0)),  # no worker node up yet: CPU, not a wait for ever
+    ],
+)
+def test_an_actor_asks_for_a_gpu_only_where_every_node_it_may_run_on_has_one(
+    nodes: list[dict[str, Any]], cfg: config.GenerationConfig, workers: int, wanted: placement.Gpus
+) -> None:
+    assert placement.gpus(nodes, "head", cfg, workers) == wanted
+
+
+def test_the_generation_options_carry_the_gpu_and_keep_the_worker_groups_placement() -> None:
+    assert placement.generation(LOCAL) == {}
+    assert placement.generation(LOCAL, 1) == {"num_gpus": 1}
+    assert placement.generation(GROUPS, 1) == {
+        "num_gpus": 1,
+        "resources": {config.GENERATION_RESOURCE: 1},
+        "scheduling_strategy": "SPREAD",
+    }
