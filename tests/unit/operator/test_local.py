@@ -38,6 +38,12 @@ def spawn(tmp_path: pathlib.Path, code: str, marker: str = "test") -> driver_pro
     return driver_process.DriverProcess(1, popen, log, marker)
 
 
+def dead_pid() -> int:
+    """A supervisor pid that is no more: past the kernel's largest, so no process can have it (an exited process's
+    pid can be taken again while the test runs, on a machine busy starting processes)."""
+    return int(pathlib.Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
 def test_chaos_kills_only_after_the_attempt_saved_a_checkpoint_and_at_most_max_kills(tmp_path: pathlib.Path) -> None:
     proc = spawn(tmp_path, "import time; time.sleep(30)")
     try:
@@ -166,11 +172,10 @@ def test_status_file_is_written_atomically_and_read_back_after_a_failure_as_a_ne
 def test_a_rerun_kills_what_a_dead_supervisor_of_the_same_run_left_and_nothing_else(
     tiny: local.LocalRun, tmp_path: pathlib.Path
 ) -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait(10)  # a supervisor pid that is no more
-    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tiny.dir, gone.pid, 3))
+    gone = dead_pid()
+    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tiny.dir, gone, 3))
     live = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tiny.dir, os.getppid(), 1))
-    other_run = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "other", gone.pid, 1))
+    other_run = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "other", gone, 1))
     try:
         assert tiny.sweep_orphans() == [orphan.pid]
         assert orphan.popen.wait(10) == -9
@@ -277,9 +282,7 @@ def test_a_directory_without_a_status_file_or_with_a_run_in_place_already_is_not
 def test_a_rerun_also_kills_what_a_dead_supervisor_of_the_old_layout_left(
     tiny: local.LocalRun, tmp_path: pathlib.Path
 ) -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait(10)
-    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "tiny", gone.pid, 2))
+    orphan = spawn(tmp_path, "import time; time.sleep(60)", marker=local.marker(tmp_path / "tiny", dead_pid(), 2))
     try:
         assert tiny.sweep_orphans() == [orphan.pid]
         assert orphan.popen.wait(10) == -9
