@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> Exit:
             _close(built)
             print(contract.line(Prefix.GENERATION_LOST, cause), file=sys.stderr)
             return Exit.GENERATION_LOST
-        spec_error = _spec_error(cause)  # a reward function that raised on a sample, say
-        if spec_error is not None:
+        spec_error = restore.root_cause(cause)  # Ray wraps it once per actor it passed: generator, controller
+        if isinstance(spec_error, InvalidSpec | RewardFailed):  # a reward function that raised on a sample, say
             _close(built)
             print(contract.line(Prefix.BAD_CONFIG, spec_error), file=sys.stderr)
             return Exit.BAD_CONFIG
@@ -320,19 +320,6 @@ def _close(built: setup.Setup) -> None:
     except Exception:
         log.exception("closing TransferQueue or stopping the trainer worker failed")
     _shutdown_ray()
-
-
-def _spec_error(error: BaseException) -> InvalidSpec | RewardFailed | None:
-    """The InvalidSpec or RewardFailed that `error` is or carries (Ray wraps an actor's error once per actor it
-    passed through: the generation worker's, then the controller's)."""
-    seen: BaseException | None = error
-    for _ in range(8):
-        if isinstance(seen, InvalidSpec | RewardFailed):
-            return seen
-        seen = getattr(seen, "cause", None) or (seen.__cause__ if seen is not None else None)
-        if seen is None:
-            return None
-    return None
 
 
 def _shutdown_ray() -> None:

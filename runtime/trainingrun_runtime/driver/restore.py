@@ -63,10 +63,12 @@ __all__ = [
     "Restored",
     "Rollout",
     "check_config",
+    "check_data",
     "choose",
     "refusal",
     "rejected_steps",
     "restore",
+    "root_cause",
     "spec_field",
 ]
 
@@ -298,7 +300,7 @@ def _spec_change(line: str) -> str:
 def refusal(error: BaseException, run_path: Path) -> Refusal:
     """What a failed restore raises, by whose fault `error` (or the cause it wraps) is: the step's (it failed
     verification, or a file under `run_path` is missing), the config's, or neither (see the module docstring)."""
-    cause = _root_cause(error)
+    cause = root_cause(error)
     if isinstance(cause, ConfigMismatch):
         return cause
     if isinstance(cause, VERIFICATION_ERRORS) or _missing_under(cause, run_path):
@@ -306,7 +308,7 @@ def refusal(error: BaseException, run_path: Path) -> Refusal:
     return RestoreInterrupted(cause)
 
 
-def _root_cause(error: BaseException) -> BaseException:
+def root_cause(error: BaseException) -> BaseException:
     """The error a wrapper stands for: our `RestoreFailed` / `RestoreInterrupted`, and Ray's task errors, keep it as
     `cause`."""
     for _ in range(8):  # a bound, should a cause ever point back at its wrapper

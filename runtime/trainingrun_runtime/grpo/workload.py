@@ -71,9 +71,11 @@ def check(cfg: config.TrainerConfig) -> dataset.Dataset | None:
         policy.check_directory(cfg.model.path)
     if cfg.reward is not None:
         rewards.build(cfg.reward.kind, cfg.reward.function)
-    if cfg.data is None:
-        return None
-    return dataset.load(cfg.data.path, cfg.data.prompt_field, cfg.data.answer_field)
+    return _read(cfg.data)
+
+
+def _read(data: config.DataConfig | None) -> dataset.Dataset | None:
+    return None if data is None else dataset.load(data.path, data.prompt_field, data.answer_field)
 
 
 def dataset_size(cfg: config.TrainerConfig, data: dataset.Dataset | None) -> int:
@@ -107,15 +109,19 @@ class Workload:
             pad_id=pad,
         )
         self.prompts: Prompts | None = None
+        self._ids: list[list[int]] | None = None
+        """Every prompt's ids, for a run on the user's data (tokenized once: the width needs them all)."""
         self.reward: Callable[[str, str, str], float] = builtin.partial_credit
         self.prompt_width = self._task.prompt_len
         if not with_prompts:
             return
-        if cfg.data is None:
+        data = _read(cfg.data)
+        if data is None:
             self.prompts = builtin.Prompts(self._task)
         else:
-            self.prompts = _DataPrompts(dataset.load(cfg.data.path, cfg.data.prompt_field, cfg.data.answer_field))
-            self.prompt_width = max(len(self.prompt_ids(i)) for i in range(len(self.prompts)))
+            self.prompts = _DataPrompts(data)
+            self._ids = [self._encode(i) for i in range(len(data))]
+            self.prompt_width = max(len(ids) for ids in self._ids)
         if cfg.reward is not None:
             self.reward = rewards.build(cfg.reward.kind, cfg.reward.function).score
 
@@ -135,6 +141,9 @@ class Workload:
 
     def prompt_ids(self, index: int) -> list[int]:
         """Prompt `index` as the model reads it: through the chat template when asked for and the tokenizer has one."""
+        return self._encode(index) if self._ids is None else self._ids[index]
+
+    def _encode(self, index: int) -> list[int]:
         assert self.prompts is not None, "a workload without prompts (the trainer's)"
         text = self.prompts.prompt_of(index)
         if self.cfg.generation.chat_template and getattr(self.tokenizer, "chat_template", None):
