@@ -238,7 +238,11 @@ class _Pass:
             return
         book = self.status.checkpoints or model.CheckpointsStatus()
         known = set(book.bad or [])
-        new = {b.step: b for b in report.bad_checkpoints if b.step not in known}
+        # The driver lists what it passed over in every report of its attempt; a step the attempt has since saved
+        # anew (recorded, which took it off the list) is good again and stays off.
+        saved_anew = {c.step for c in [*(book.history or []), *([book.latest] if book.latest else [])]
+                      if c.attempt == attempt.number}  # fmt: skip
+        new = {b.step: b for b in report.bad_checkpoints if b.step not in known | saved_anew}
         if not new:
             return
         bad = sorted(known | set(new))[-MAX_ATTEMPT_HISTORY:]

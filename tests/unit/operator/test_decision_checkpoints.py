@@ -153,6 +153,29 @@ def test_a_pinned_step_that_failed_verification_is_marked_bad_announced_once_and
     assert not [a for a in again.actions if isinstance(a, Event) and a.reason == "CheckpointCorrupt"]
 
 
+def test_a_step_marked_bad_leaves_the_list_once_the_attempt_saves_that_step_anew() -> None:
+    store = Store()
+    preempted_after_checkpoints(store, 10, 20)
+    store.decide(gone(1))
+    store.decide(running(2))
+    problem = "/checkpoints/tiny/step_20/policy/model.pt: sha256 mismatch (expected 3f.., got 9a..)"
+    store.report(2, 11, ckpt_attempt=1, badCheckpoints=[{"step": 20, "problem": problem}])
+    store.status["runtime"]["lastCheckpoint"]["step"] = 10
+    store.decide(running(2))
+    assert store.status["checkpoints"]["bad"] == [20]
+    store.report(2, 20, badCheckpoints=[{"step": 20, "problem": problem}])  # attempt 2's own save of step 20
+    store.decide(running(2))
+    assert store.status["checkpoints"]["latest"]["step"] == 20 and store.status["checkpoints"]["latest"]["attempt"] == 2
+    assert not store.status["checkpoints"].get("bad"), store.status["checkpoints"]
+    # Its later reports still list step 20 as passed over (the driver's restore did): that neither puts it back on
+    # the list nor announces it again, and the next attempt resumes from it.
+    ended = store.decide(preempted(2))
+    assert not [a for a in ended.actions if isinstance(a, Event) and a.reason == "CheckpointCorrupt"]
+    assert not store.status["checkpoints"].get("bad"), store.status["checkpoints"]
+    (create,) = creates(store.decide(gone(2)))
+    assert create.resume == 20, "the step saved anew is the next attempt's to resume from"
+
+
 def test_a_restore_that_found_no_recorded_step_valid_marks_every_one_it_tried_bad() -> None:
     store = Store()
     preempted_after_checkpoints(store, 10, 20, 30)
