@@ -4,8 +4,11 @@ runner playing the kubelet's termination: preStop hook, SIGTERM, SIGKILL at the 
 - The head evicted through the Eviction API between two periodic saves: its preStop hook asks the driver to save,
   the step it is at is recorded with reason PreemptionNotice, the attempt ends Preempted with stepsLost 0, the next
   attempt resumes from that step, and the run ends with the weights of an uninterrupted run.
-- A grace period too short for a save: nothing is saved, no torn checkpoint is left, the next attempt resumes from
-  the step recorded before.
+A grace period too short for a save is proven in its parts, each once and cheaper: the hook is given the head's
+grace period from the spec (tests/unit/operator/test_rayjob.py), a deadline too close saves nothing and leaves no
+partial checkpoint (tests/integration/test_save_on_notice.py, real Ray and TransferQueue), a SIGKILL anywhere in a
+save leaves the new checkpoint or the previous one (tests/integration/test_checkpointer.py), and the next attempt
+resumes from the step recorded before (every resume test).
 
 That a notice arriving while a periodic save is under way is answered by that save (one checkpoint, not two), also
 when the operator had already ended the attempt, is the driver's business and is proven once, on real Ray and
@@ -29,8 +32,7 @@ import pytest
 
 import chaos
 from support import weights
-from support.fullloop_runs import head_name, history, recorded_by, reference_run, run_directory
-from trainingrun_runtime.storage import verification
+from support.fullloop_runs import head_name, history, reference_run, run_directory
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -72,11 +74,6 @@ def held(loop: Loop, namespace: str, run: str, point: str, step: int) -> None:
 
 def notice_records(status: dict[str, Any], attempt: int) -> list[dict[str, Any]]:
     return [c for c in history(status) if c["attempt"] == attempt and c.get("reason") == NOTICE]
-
-
-def complete_steps(directory: Path, run: str) -> list[int]:
-    """Every step_N directory of the run verifies (a torn one raises here); their steps."""
-    return sorted(verification.verify(p, run=run).step for p in directory.glob("step_*"))
 
 
 def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_an_uninterrupted_one(
@@ -131,27 +128,3 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
     uninterrupted = json.loads((tmp_path / "gn" / f"step_{steps}" / "manifest.json").read_text())
     assert latest["step"] == steps and latest["weightsSha256"] == uninterrupted["weights_sha256"]
     weights.assert_moved(weights.recorded(final))  # the notice's checkpoint among them
-
-
-def test_a_grace_period_too_short_for_a_save_leaves_no_torn_checkpoint_and_the_recorded_step_is_used(
-    graceful: Loop, namespace: str
-) -> None:
-    loop = graceful
-    save_period = 5
-    run = loop.tiny_run("gs", claim="gs-checkpoints", steps=16, checkpoint={"savePeriod": save_period})
-    run["spec"]["ray"]["head"]["terminationGracePeriodSeconds"] = 2
-    hold(loop, "gs", "trained", save_period + 3, seconds=30)  # 3 steps past the first save, however fast they are
-    loop.plane.apply(loop.checkpoints_pvc("gs-checkpoints"), run, namespace=namespace)
-    held(loop, namespace, "gs", "trained", save_period + 3)
-    loop.wait(lambda: save_period in recorded_by(loop, namespace, "gs", 1), timeout=60, what="step 5 recorded")
-    chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gs", 1))
-    loop.wait(lambda: recorded_by(loop, namespace, "gs", 2), timeout=420, what="attempt 2's first checkpoint")
-    status = loop.run_status(namespace, "gs")
-    ended = status["attempts"][0]
-    assert ended["reason"] == "Preempted", ended  # it had trained 3 steps past the step attempt 2 resumes from
-    assert not notice_records(status, 1), history(status)
-    recorded = max(c["step"] for c in history(status) if c["attempt"] == 1)
-    assert status["attempt"]["number"] == 2 and status["attempt"]["resumedFrom"] == recorded, status["attempt"]
-    directory = run_directory(loop, namespace, "gs-checkpoints", "gs")
-    on_disk = complete_steps(directory, "gs")  # raises on a torn step_N
-    assert recorded in on_disk and not [s for s in on_disk if recorded < s < recorded + save_period], on_disk
