@@ -28,6 +28,21 @@ class Squatter:
     """An actor that holds a name."""
 
 
+def idle_workers() -> list[int]:
+    """The pids of this process's local Ray's worker processes that host nothing (`ray::IDLE`)."""
+    raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that has just exited
+        if parent == raylet and command.startswith(b"ray::IDLE"):
+            found.append(int(proc.name))
+    return found
+
+
 @pytest.fixture
 def ray_shut_down_after(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local Ray of the setup's own
@@ -58,6 +73,8 @@ def test_a_setup_whose_controller_actor_cannot_be_created_stops_the_trainers_and
 
     # The setup got as far as the controller: the trainer, TransferQueue and the generation worker were up.
     assert [e["event"] for e in events.read(tmp_path / "events.jsonl")][-2:] == ["tq_fresh", "generators_ready"]
+    # Each worker process of the local Ray hosts one of them: none was started ahead to idle.
+    assert idle_workers() == [], idle_workers()
     waiting.wait(
         lambda: set(ray.util.list_named_actors()) == {controller_name},
         timeout=60,
