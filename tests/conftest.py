@@ -32,12 +32,16 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 import binaries
 import controlplane
 import errors
+
+if TYPE_CHECKING:
+    from support.uninterrupted import References
 
 TESTBED_NODES = 2
 
@@ -56,6 +60,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "control_plane" in getattr(item, "fixturenames", ()) and item.get_closest_marker("cluster") is None:
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> References:
+    """`uninterrupted(conf)`: the run of `conf`'s math trained start to end without a disturbance, once per session
+    for each `config_hash` (tests/support/uninterrupted.py): the weights after each step an exact-resume test
+    compares with. Asking for it starts no driver; the first call for a configuration does."""
+    from support.uninterrupted import References
+
+    return References(tmp_path_factory.mktemp("uninterrupted"))
 
 
 @pytest.fixture(scope="session")
