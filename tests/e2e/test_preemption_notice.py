@@ -22,20 +22,19 @@ machine the tiny example trains a step in a fraction of a second, and a run woul
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import chaos
-from support import weights
-from support.fullloop_runs import head_name, history, reference_run, run_directory
+from support import journeys, weights
+from support.fullloop_runs import head_name, history, run_directory
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
+    from support.uninterrupted import References
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +76,7 @@ def notice_records(status: dict[str, Any], attempt: int) -> list[dict[str, Any]]
 
 
 def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_an_uninterrupted_one(
-    graceful: Loop, namespace: str, tmp_path: Path
+    graceful: Loop, namespace: str, uninterrupted: References
 ) -> None:
     loop = graceful
     steps, save_period = 24, 10
@@ -94,23 +93,17 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
         timeout=60,
         what="attempt 1's RayJob",
     )
-    reference = reference_run(loop, rayjob, tmp_path)
-    try:
-        held(loop, namespace, "gn", "trained", 14)
-        reached = 14
-        chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gn", 1))
-        evicted = time.monotonic()
-        saved = loop.wait(
-            lambda: notice_records(loop.run_status(namespace, "gn"), 1),
-            timeout=60,
-            what="the notice's checkpoint recorded",
-        )[0]
-        notice_to_recorded = time.monotonic() - evicted
-        final = loop.wait_phase(namespace, "gn", "Succeeded", timeout=600)
-        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    finally:
-        if reference.poll() is None:
-            chaos.kill_process(reference)
+    held(loop, namespace, "gn", "trained", 14)
+    reached = 14
+    chaos.evict(loop.plane, namespace, head_name(loop, namespace, "gn", 1))
+    evicted = time.monotonic()
+    saved = loop.wait(
+        lambda: notice_records(loop.run_status(namespace, "gn"), 1),
+        timeout=60,
+        what="the notice's checkpoint recorded",
+    )[0]
+    notice_to_recorded = time.monotonic() - evicted
+    final = loop.wait_phase(namespace, "gn", "Succeeded", timeout=600)
     print(
         f"\nFIGURES eviction_to_recorded_notice_checkpoint_s={notice_to_recorded:.2f} (the driver was held 15 s of it "
         f"at a crash point) notice_step={saved['step']}"
@@ -125,6 +118,7 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
     ).get("spec", {}).get("entrypoint", "")
     assert loop.wait_events(namespace, NOTICE), "no PreemptionNotice event"
     latest = final["checkpoints"]["latest"]
-    uninterrupted = json.loads((tmp_path / "gn" / f"step_{steps}" / "manifest.json").read_text())
-    assert latest["step"] == steps and latest["weightsSha256"] == uninterrupted["weights_sha256"]
+    reference = uninterrupted.of_rayjob(rayjob, steps=journeys.REFERENCE_STEPS)
+    assert latest["step"] == steps and latest["weightsSha256"] == reference.at(steps)
+    assert saved["weightsSha256"] == reference.at(saved["step"]), "the notice's checkpoint holds its step's weights"
     weights.assert_moved(weights.recorded(final))  # the notice's checkpoint among them

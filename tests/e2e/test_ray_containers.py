@@ -9,20 +9,19 @@ local processes (hack/testbed/containerpods.py):
     dashboard through the forward proxy at the head container's address, and the driver reaching the API server
     through the bed's relay with the per-run ServiceAccount's projected token (in-cluster configuration).
 
-Against it: exact resume across two preemptions of the head, one in the middle of a save (support/journeys.py:
-every attempt resumes from a recorded step, and the final weights equal those of the same driver command run
-uninterrupted on a local Ray; a failure report prints the seed of its random moments), with what only containers
-show: KubeRay's own command in the run's image, the checkpoint written to the PVC as the image's user (UID 1000),
-the driver's log outliving its evicted container; and a worker group's pod (KubeRay's init container, the head
-found by its Service name, the generation worker in it). The user's journey itself (one eviction, `kubectl wait`,
-the printer columns) runs against the chart's operator in test_chart_operator.py.
+Against it: exact resume across two preemptions of the head, one in the middle of a save (support/journeys.py: every
+attempt resumes from a recorded step, and the final weights equal those of the configuration the RayJob gave its driver,
+run uninterrupted on a local Ray; a failure report prints the seed of its random moments), with what only containers
+show: KubeRay's own command in the run's image, the checkpoint written to the PVC as the image's user (UID 1000), the
+driver's log outliving its evicted container; and a worker group's pod (KubeRay's init container, the head found by its
+Service name, the generation worker in it). The user's journey itself (one eviction, `kubectl wait`, the printer
+columns) runs against the chart's operator in test_chart_operator.py.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -34,6 +33,7 @@ from support import containers, journeys
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
+    from support.uninterrupted import References
 
 pytestmark = [pytest.mark.e2e, pytest.mark.containers]
 
@@ -74,11 +74,11 @@ def test_a_worker_container_waits_in_kuberays_init_container_reaches_its_head_by
 
 
 def test_two_preemptions_one_during_a_save_end_with_the_weights_of_an_uninterrupted_run_and_write_as_the_images_user(
-    loop: Loop, namespace: str, tmp_path: Path, chaos_seed: int
+    loop: Loop, namespace: str, uninterrupted: References, chaos_seed: int
 ) -> None:
     image = containers.image("runtime")
     journeys.preemptions_end_with_the_weights_of_an_uninterrupted_run(
-        loop, namespace, tmp_path, seed=chaos_seed, image=image
+        loop, namespace, uninterrupted, seed=chaos_seed, image=image
     )
 
     keeper = loop.bed.runner.containers

@@ -18,6 +18,7 @@ resumes from the recorded step (tests/integration/test_operator_disruptions.py, 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,8 @@ import torch
 import chaos
 import examples
 import localpod
-from support import launcher, seeds, weights
+from support import journeys, seeds, weights
+from support.uninterrupted import Uninterrupted
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, verification
 
@@ -43,15 +45,11 @@ RUN_TRAINER = {"steps": STEPS, "logEvery": 2}
 
 
 @pytest.fixture(scope="module")
-def undisturbed(tmp_path_factory: pytest.TempPathFactory, full_loop: Any) -> str:
-    """weights_sha256 of the same trainer config trained without any disruption (a local driver: the number and
-    place of the generation workers never change a sample)."""
+def undisturbed(uninterrupted: Callable[..., Uninterrupted], full_loop: Any) -> str:
+    """weights_sha256 of the same trainer config trained without any disruption (the session's reference on a local
+    Ray: the number and place of the generation workers never change a sample), at the last step."""
     trainer = examples.tiny_run("ref", generationWorkers=2, **RUN_TRAINER)["spec"]["trainer"]
-    root = tmp_path_factory.mktemp("undisturbed")
-    config = {"trainer": trainer, "checkpoint": {"savePeriod": SAVE_PERIOD, "keepLast": 2}}
-    proc = launcher.start(run="ref", attempt=1, root=root, config=config, num_cpus=6)
-    assert proc.wait(900) == 0, proc.output()[-3000:]
-    return str(verification.verify(root / "ref" / layout.step_dirname(STEPS)).weights_sha256)
+    return uninterrupted({"trainer": trainer}, steps=journeys.REFERENCE_STEPS).at(STEPS)
 
 
 def runtime_step(loop: Loop, namespace: str, name: str, attempt: int = 1) -> int | None:

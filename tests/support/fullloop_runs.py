@@ -1,17 +1,14 @@
 """What the full-loop tests read of a run: its recorded checkpoints, its head pod, its run directory on the
-volume, the manifests there; and the uninterrupted reference run whose final weights a disrupted run must match.
-Used by tests/e2e (the `Loop` of tests/e2e/conftest.py)."""
+volume, the manifests there. Used by tests/e2e (the `Loop` of tests/e2e/conftest.py); the uninterrupted run whose
+weights a disrupted run must end with is the session's `uninterrupted` (tests/support/uninterrupted.py)."""
 
 from __future__ import annotations
 
 import json
-import shlex
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import chaos
-import podrunner
 import provisioner
 
 if TYPE_CHECKING:
@@ -72,31 +69,3 @@ def owner_attempt(directory: Path) -> int | None:
         return int(json.loads((directory / "owner.json").read_text())["attempt"])
     except (OSError, ValueError, KeyError):
         return None
-
-
-def reference_run(loop: Loop, rayjob: dict[str, Any], root: Path) -> subprocess.Popen[bytes]:
-    """The same driver command as the RayJob's, run uninterrupted on a local Ray, reporting into files."""
-    argv = shlex.split(rayjob["spec"]["entrypoint"])
-    for flag, value in (("--root", str(root)), ("--reporter", "file"), ("--attempt", "1"), ("--resume", "latest")):
-        argv[argv.index(flag) + 1] = value
-    home = root / "home"
-    home.mkdir(parents=True)
-    env = {
-        "PATH": f"{podrunner.VENV_BIN}:/usr/bin:/bin",
-        "HOME": str(home),
-        "LANG": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    log = open(root / "reference.log", "wb")
-    process = subprocess.Popen(
-        [str(podrunner.VENV_BIN / "python"), *argv[1:]],
-        env=env,
-        cwd=root,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    return process

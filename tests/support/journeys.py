@@ -16,15 +16,19 @@ import json
 import random
 import re
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import chaos
 from support import weights
-from support.fullloop_runs import head_name, manifests, recorded_by, reference_run, run_directory
+from support.fullloop_runs import head_name, manifests, recorded_by, run_directory
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
+    from support.uninterrupted import References
+
+REFERENCE_STEPS = 40
+"""How long the full loop's uninterrupted reference trains: the longest run the tests of the second group compare
+with it, so that one local driver serves them all (`support.uninterrupted`)."""
 
 STEP_LOG = re.compile(r"step (\d+): reward")
 
@@ -146,14 +150,14 @@ def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = 
 
 
 def preemptions_end_with_the_weights_of_an_uninterrupted_run(
-    loop: Loop, namespace: str, tmp_path: Path, *, seed: int, image: str | None = None
+    loop: Loop, namespace: str, uninterrupted: References, *, seed: int, image: str | None = None
 ) -> None:
     """Exact resume on the full loop: run `rp` (its Ray pods from `image` if given) preempted twice: at a random
     moment after attempt 1's first recorded checkpoint, then in the middle of a save (attempt 2's driver frozen by a
     crash point after writing a manifest, then evicted without a grace period). It resumes each time from a recorded
-    checkpoint, never from the interrupted save, and ends with the weights of the same driver command run
-    uninterrupted on a local Ray. Its random moments come from `seed` (the `chaos_seed` fixture: a failure report
-    prints it, E2E_CHAOS_SEED replays it)."""
+    checkpoint, never from the interrupted save, and ends with the weights of the configuration its RayJob gave the
+    driver, run uninterrupted on a local Ray (the session's reference, `uninterrupted`). Its random moments come
+    from `seed` (the `chaos_seed` fixture: a failure report prints it, E2E_CHAOS_SEED replays it)."""
     rng = random.Random(seed)
     steps, save_period = 40, 5
     run = loop.tiny_run("rp", claim="rp-checkpoints", steps=steps, checkpoint={"savePeriod": save_period})
@@ -165,48 +169,42 @@ def preemptions_end_with_the_weights_of_an_uninterrupted_run(
         timeout=60,
         what="attempt 1's RayJob",
     )
-    reference = reference_run(loop, rayjob, tmp_path)
-    try:
-        moments: list[str] = []
-        # 1: a random moment after attempt 1 recorded its first checkpoint.
-        loop.wait(lambda: recorded_by(loop, namespace, "rp", 1), timeout=420, what="attempt 1's first checkpoint")
-        head = head_name(loop, namespace, "rp", 1)
-        # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
-        # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
-        loop.bed.runner.add_env(
-            {"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
-            {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}" for n in range(save_period, steps, save_period))},
-        )
-        delay = rng.uniform(0, 3)
-        time.sleep(delay)
-        chaos.evict(loop.plane, namespace, head)
-        moments.append(f"attempt 1: {delay:.1f}s after its first checkpoint was recorded")
+    moments: list[str] = []
+    # 1: a random moment after attempt 1 recorded its first checkpoint.
+    loop.wait(lambda: recorded_by(loop, namespace, "rp", 1), timeout=420, what="attempt 1's first checkpoint")
+    head = head_name(loop, namespace, "rp", 1)
+    # Attempt 2's driver will freeze in its first save, after writing the manifest and before the rename
+    # (the runtime's crash points), so that the next eviction lands in the middle of a save for certain.
+    loop.bed.runner.add_env(
+        {"trainingrun.dev/run": "rp", "trainingrun.dev/attempt": "2"},
+        {"TRAININGRUN_CRASH_AT": ",".join(f"manifest_written@{n}" for n in range(save_period, steps, save_period))},
+    )
+    delay = rng.uniform(0, 3)
+    time.sleep(delay)
+    chaos.evict(loop.plane, namespace, head)
+    moments.append(f"attempt 1: {delay:.1f}s after its first checkpoint was recorded")
 
-        # 2: during a save of attempt 2, without a grace period.
-        directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
-        markers = directory / "crash-markers"
-        head = head_name(loop, namespace, "rp", 2)
-        frozen = loop.wait(
-            lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None),
-            timeout=420,
-            what="attempt 2's driver in the middle of a save",
-        )
-        saving_step = int(frozen.name.rsplit("@", 1)[1])
-        pending = json.loads((directory / f"tmp_step_{saving_step}.attempt_2" / "manifest.json").read_text())
-        assert pending["attempt"] == 2 and pending["step"] == saving_step
-        # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
-        # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace
-        # it (the re-save path moves it to old_step_N first), but it is not attempt 2's.
-        assert manifests(directory).get(saving_step, {}).get("attempt") != 2, manifests(directory)[saving_step]
-        chaos.evict(loop.plane, namespace, head, grace_seconds=0)
-        moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
+    # 2: during a save of attempt 2, without a grace period.
+    directory = run_directory(loop, namespace, "rp-checkpoints", "rp")
+    markers = directory / "crash-markers"
+    head = head_name(loop, namespace, "rp", 2)
+    frozen = loop.wait(
+        lambda: next(iter(markers.glob("crashed-at-manifest_written@*")), None),
+        timeout=420,
+        what="attempt 2's driver in the middle of a save",
+    )
+    saving_step = int(frozen.name.rsplit("@", 1)[1])
+    pending = json.loads((directory / f"tmp_step_{saving_step}.attempt_2" / "manifest.json").read_text())
+    assert pending["attempt"] == 2 and pending["step"] == saving_step
+    # Written, not renamed: an incomplete checkpoint. A step_N of the same step may exist already, from
+    # attempt 1 (saved after its last recorded checkpoint, before the eviction landed); this save would replace
+    # it (the re-save path moves it to old_step_N first), but it is not attempt 2's.
+    assert manifests(directory).get(saving_step, {}).get("attempt") != 2, manifests(directory)[saving_step]
+    chaos.evict(loop.plane, namespace, head, grace_seconds=0)
+    moments.append(f"attempt 2: in the save of step {saving_step} (manifest written, not renamed)")
 
-        final = loop.wait_phase(namespace, "rp", "Succeeded", timeout=600)
-        print("evictions:", "; ".join(moments))
-        assert reference.wait(timeout=600) == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    finally:
-        if reference.poll() is None:
-            chaos.kill_process(reference)
+    final = loop.wait_phase(namespace, "rp", "Succeeded", timeout=600)
+    print("evictions:", "; ".join(moments))
 
     ended = final["attempts"]
     assert [a["reason"] for a in ended[:2]] == ["Preempted"] * 2, ended
@@ -218,6 +216,6 @@ def preemptions_end_with_the_weights_of_an_uninterrupted_run(
     assert final["attempt"]["resumedFrom"] < saving_step, (saving_step, ended, final["attempt"])
     latest = final["checkpoints"]["latest"]
     assert latest["step"] == steps
-    uninterrupted = json.loads((tmp_path / "rp" / f"step_{steps}" / "manifest.json").read_text())
-    assert latest["weightsSha256"] == uninterrupted["weights_sha256"], (latest, uninterrupted["weights_sha256"])
+    reference = uninterrupted.of_rayjob(rayjob, steps=REFERENCE_STEPS).at(steps)
+    assert latest["weightsSha256"] == reference, (latest, reference)
     weights.assert_moved(weights.recorded(final))
