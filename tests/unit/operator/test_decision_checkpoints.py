@@ -134,14 +134,23 @@ def test_the_next_attempt_is_told_the_older_recorded_steps_newest_first_and_neve
     assert creates(store.decide(gone(1))) == [CreateAttempt(2, "tiny-a2", 40, (30, 10))]
 
 
-def test_a_pinned_step_that_failed_verification_is_marked_bad_announced_once_and_the_attempt_trains_on() -> None:
-    store = Store()
+CORRUPT_20 = "/checkpoints/tiny/step_20/policy/model.pt: sha256 mismatch (expected 3f.., got 9a..)"
+
+
+def fell_back_from_a_corrupt_step_20(store: Store) -> None:
+    """Attempt 1 records steps 10 and 20 and is preempted; attempt 2, pinned to 20, finds it corrupt, falls back to
+    10 and reports step 11 with step 20 passed over (what the driver reports, read by no pass yet)."""
     preempted_after_checkpoints(store, 10, 20)
     store.decide(gone(1))
     store.decide(running(2))
-    problem = "/checkpoints/tiny/step_20/policy/model.pt: sha256 mismatch (expected 3f.., got 9a..)"
-    store.report(2, 11, ckpt_attempt=1, badCheckpoints=[{"step": 20, "problem": problem}])
+    store.report(2, 11, ckpt_attempt=1, badCheckpoints=[{"step": 20, "problem": CORRUPT_20}])
     store.status["runtime"]["lastCheckpoint"]["step"] = 10  # the step the driver fell back to
+
+
+def test_a_pinned_step_that_failed_verification_is_marked_bad_announced_once_and_the_attempt_trains_on() -> None:
+    store = Store()
+    fell_back_from_a_corrupt_step_20(store)
+    problem = CORRUPT_20
     result = store.decide(running(2))
     assert store.phase == "Running"
     assert store.status["checkpoints"]["bad"] == [20]
@@ -155,15 +164,10 @@ def test_a_pinned_step_that_failed_verification_is_marked_bad_announced_once_and
 
 def test_a_step_marked_bad_leaves_the_list_once_the_attempt_saves_that_step_anew() -> None:
     store = Store()
-    preempted_after_checkpoints(store, 10, 20)
-    store.decide(gone(1))
-    store.decide(running(2))
-    problem = "/checkpoints/tiny/step_20/policy/model.pt: sha256 mismatch (expected 3f.., got 9a..)"
-    store.report(2, 11, ckpt_attempt=1, badCheckpoints=[{"step": 20, "problem": problem}])
-    store.status["runtime"]["lastCheckpoint"]["step"] = 10
+    fell_back_from_a_corrupt_step_20(store)
     store.decide(running(2))
     assert store.status["checkpoints"]["bad"] == [20]
-    store.report(2, 20, badCheckpoints=[{"step": 20, "problem": problem}])  # attempt 2's own save of step 20
+    store.report(2, 20, badCheckpoints=[{"step": 20, "problem": CORRUPT_20}])  # attempt 2's own save of step 20
     store.decide(running(2))
     assert store.status["checkpoints"]["latest"]["step"] == 20 and store.status["checkpoints"]["latest"]["attempt"] == 2
     assert not store.status["checkpoints"].get("bad"), store.status["checkpoints"]
