@@ -21,7 +21,6 @@ tests/conftest.py), shared with the other tests that compare against it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import pytest
 import torch
 
 from support import launcher, weights
-from support.uninterrupted import Uninterrupted
+from support.uninterrupted import References
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, manifest, verification
@@ -129,9 +128,7 @@ def test_each_resume_restores_the_step_the_loaders_place_and_the_replay_index_in
     assert resumed == [resumed_from for _, _, resumed_from in KILLS]
 
 
-def test_the_killed_run_ends_bit_identical_to_the_uninterrupted_one(
-    runs: Path, uninterrupted: Callable[[dict[str, Any]], Uninterrupted]
-) -> None:
+def test_the_killed_run_ends_bit_identical_to_the_uninterrupted_one(runs: Path, uninterrupted: References) -> None:
     straight, killed = uninterrupted(CONFIG).weights, _manifests(runs, "killed")
     assert max(straight) == max(killed) == STEPS
     finished = [e for e in events.read(runs / "killed.jsonl") if e["event"] == "finished"]

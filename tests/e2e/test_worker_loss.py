@@ -18,7 +18,6 @@ resumes from the recorded step (tests/integration/test_operator_disruptions.py, 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,7 @@ import chaos
 import examples
 import localpod
 from support import journeys, seeds, weights
-from support.uninterrupted import Uninterrupted
+from support.uninterrupted import References
 from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, verification
 
@@ -45,7 +44,7 @@ RUN_TRAINER = {"steps": STEPS, "logEvery": 2}
 
 
 @pytest.fixture(scope="module")
-def undisturbed(uninterrupted: Callable[..., Uninterrupted], full_loop: Any) -> str:
+def undisturbed(uninterrupted: References, full_loop: Any) -> str:
     """weights_sha256 of the same trainer config trained without any disruption (the session's reference on a local
     Ray: the number and place of the generation workers never change a sample), at the last step."""
     trainer = examples.tiny_run("ref", generationWorkers=2, **RUN_TRAINER)["spec"]["trainer"]

@@ -18,7 +18,7 @@ the generation node kills its raylet and every process on it, as a worker pod's 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import ray.cluster_utils
 import torch
 
 from support import launcher, waiting, weights
-from support.uninterrupted import Uninterrupted
+from support.uninterrupted import References
 from trainingrun_runtime import config, contract
 from trainingrun_runtime.driver import events, generation_workers, placement
 from trainingrun_runtime.rollout import ledger
@@ -97,7 +97,7 @@ def actor_nodes(cluster: ray.cluster_utils.Cluster, prefix: str) -> dict[str, st
 
 
 def test_a_lost_generation_node_costs_no_attempt_no_step_and_no_prompt(
-    tmp_path: Path, cluster: ray.cluster_utils.Cluster, uninterrupted: Callable[[dict[str, Any]], Uninterrupted]
+    tmp_path: Path, cluster: ray.cluster_utils.Cluster, uninterrupted: References
 ) -> None:
     undisturbed = uninterrupted(CONFIG).at(STEPS)  # one generation worker, on a local Ray: the same samples
     generation = cluster.add_node(**GENERATION_NODE)

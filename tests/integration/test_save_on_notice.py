@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from support import launcher, weights
-from support.uninterrupted import Uninterrupted
+from support.uninterrupted import References
 from trainingrun_runtime.driver import events, notice
 from trainingrun_runtime.storage import verification
 
@@ -79,7 +78,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def straight(uninterrupted: Callable[[dict[str, Any]], Uninterrupted]) -> dict[int, str]:
+def straight(uninterrupted: References) -> dict[int, str]:
     """The weights of the run trained without a notice (the session's reference for this math) at 4, 6, 8 and the
     end."""
     reference = uninterrupted(CONFIG)
