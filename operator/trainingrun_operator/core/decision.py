@@ -240,8 +240,7 @@ class _Pass:
         known = set(book.bad or [])
         # The driver lists what it passed over in every report of its attempt; a step the attempt has since saved
         # anew (recorded, which took it off the list) is good again and stays off.
-        saved_anew = {c.step for c in [*(book.history or []), *([book.latest] if book.latest else [])]
-                      if c.attempt == attempt.number}  # fmt: skip
+        saved_anew = {c.step for c in book.recorded() if c.attempt == attempt.number}
         new = {b.step: b for b in report.bad_checkpoints if b.step not in known | saved_anew}
         if not new:
             return
@@ -387,17 +386,17 @@ class _Pass:
     def manifest_hashes(self, resume: int | None, fallback: tuple[int, ...]) -> tuple[tuple[int, str], ...]:
         """The recorded BLAKE3 of each of `resume` and `fallback`'s manifests, by step (the newest record of a step)."""
         book = self.status.checkpoints or model.CheckpointsStatus()
-        recorded = [*(book.history or []), *([book.latest] if book.latest else [])]
         wanted = {*fallback, *([resume] if resume is not None else [])}
-        found = {c.step: c.manifest_blake3 for c in recorded if c.step in wanted and c.manifest_blake3 is not None}
+        found = {
+            c.step: c.manifest_blake3 for c in book.recorded() if c.step in wanted and c.manifest_blake3 is not None
+        }
         return tuple(sorted(found.items()))
 
     def _restorable_steps(self) -> list[int]:
         """The recorded checkpoints' steps (history, then latest: oldest recorded first) not known bad."""
         book = self.status.checkpoints or model.CheckpointsStatus()
         bad = set(book.bad or [])
-        recorded = [*(book.history or []), *([book.latest] if book.latest else [])]
-        return [c.step for c in recorded if c.step not in bad]
+        return [c.step for c in book.recorded() if c.step not in bad]
 
     def start_attempt(self) -> None:
         possible, resume = self.resume_point()

@@ -435,6 +435,10 @@ class CheckpointsStatus(_Wire):
     history: list[CheckpointRecord] | None = None
     bad: list[int] | None = None
 
+    def recorded(self) -> list[CheckpointRecord]:
+        """Every record: the history, then the latest (oldest first; a step recorded twice appears twice)."""
+        return [*(self.history or []), *([self.latest] if self.latest else [])]
+
 
 class ProgressRate(_Wire):
     """The driver's report that the run's recent progress rate was last measured at, and that rate (`progress`)."""
