@@ -30,6 +30,9 @@ Deliberately excluded (changing them never changes a trained weight):
 `trainer.steps` (the step limit; a run may be extended), `trainer.generation_workers`
 (every random draw is derived from (seed, sample id, policy version), so the number of
 workers cannot change a sample), `trainer.log_every`, and all of `checkpoint` and `generation`.
+`trainer.trainer_workers` is left out too: the ranks compute the same update (the whole batch's), and a
+checkpoint resumes on another number of them; only the rounding of the sums differs, so a resume on the same
+number is bit-exact and on another one is not.
 """
 
 from __future__ import annotations
@@ -348,11 +351,17 @@ _TASK_WITH_DATA = "task configures the built-in task, which data replaces: remov
 _DATA_NEEDS_REWARD = "data needs reward (kind: exact, math or function) to score completions against its answers"
 _LENGTH_OF_TASK = "generation.maxNewTokens: the built-in task's completions are task.length tokens; remove it"
 _TWO_TEMPERATURES = "generation.temperature and grpo.temperature are the same setting: keep generation.temperature"
+_RANKS_WITHOUT_ROWS = (
+    "trainerWorkers: each trainer worker needs at least one row of a step (promptsPerStep times grpo.groupSize rows): "
+    "lower trainerWorkers or raise promptsPerStep"
+)
 
 
 def _cel_trainer(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     """`TrainerConfig._consistent` in CEL, for the CRD: the API server checks it at admission."""
     path = "(has(self.model) && has(self.model.path))"
+    prompts = TrainerConfig.model_fields["prompts_per_step"].default
+    group = GRPOConfig.model_fields["group_size"].default
     schema["x-kubernetes-validations"] = [
         {"rule": f"!has(self.data) || {path}", "message": _DATA_NEEDS_PATH, "fieldPath": ".data"},
         {"rule": f"has(self.data) || !{path}", "message": _PATH_NEEDS_DATA, "fieldPath": ".model.path"},
@@ -368,6 +377,13 @@ def _cel_trainer(schema: dict[str, Any], cls: type[BaseModel]) -> None:
             "has(self.grpo.temperature))",
             "message": _TWO_TEMPERATURES,
             "fieldPath": ".grpo.temperature",
+        },
+        {
+            "rule": "!has(self.trainerWorkers) || self.trainerWorkers <= "
+            f"(has(self.promptsPerStep) ? self.promptsPerStep : {prompts})"
+            f" * (has(self.grpo) && has(self.grpo.groupSize) ? self.grpo.groupSize : {group})",
+            "message": _RANKS_WITHOUT_ROWS,
+            "fieldPath": ".trainerWorkers",
         },
     ]
 
@@ -405,6 +421,15 @@ class TrainerConfig(_Model):
         default=8, ge=1, le=100_000, description="Prompts (groups) trained per step. Default 8."
     )
     generation_workers: int = Field(default=2, ge=1, le=1000, description="Ray generation actors. Default 2.")
+    trainer_workers: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description=(
+            "Data-parallel trainer processes (Ray actors in one torch.distributed group, the policy and optimizer "
+            "sharded by FSDP2); each takes its part of a step's rows. A checkpoint resumes on any number. Default 1."
+        ),
+    )
     seed: int = Field(
         default=0,
         ge=0,
@@ -423,6 +448,7 @@ class TrainerConfig(_Model):
             (self.data is not None and self.reward is None, _DATA_NEEDS_REWARD),
             (self.data is None and self.generation.max_new_tokens is not None, _LENGTH_OF_TASK),
             (self.generation.temperature is not None and self.grpo.temperature != 1.0, _TWO_TEMPERATURES),
+            (self.trainer_workers > self.prompts_per_step * self.grpo.group_size, _RANKS_WITHOUT_ROWS),
         ):
             if broken:
                 raise ValueError(message)

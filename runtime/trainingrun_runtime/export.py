@@ -1,6 +1,7 @@
 """`trainingrun export RUN_DIR [--step N] OUT`: a checkpoint's policy as a Hugging Face model directory.
 
-    RUN_DIR/step_N ─► verify every checksum ─► policy/model.pt (read through its checked descriptor)
+    RUN_DIR/step_N ─► verify every checksum ─► policy/: the weights' shards of every trainer rank that wrote them,
+        gathered into one model (or an earlier version's model.pt), each file read through its checked descriptor
         ─► the model its manifest's math describes (grpo.workload: the built-in one, or the one from model.path,
            whose directory gives the config and the tokenizer) ─► OUT/config.json, model.safetensors,
            generation_config.json, tokenizer files
@@ -25,7 +26,7 @@ import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.errors import CheckpointCorrupt, InvalidSpec, TrainingRunError
-from trainingrun_runtime.grpo import trainer, workload
+from trainingrun_runtime.grpo import sharding, trainer, workload
 from trainingrun_runtime.storage import files, layout, verification
 
 __all__ = ["ExportError", "export", "main"]
@@ -73,7 +74,7 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
     bundle = _chosen(run_dir, step)
     m = bundle.manifest
     policy_format = m.extra.get("policy_format")
-    if policy_format != trainer.POLICY_FORMAT:
+    if policy_format not in trainer.FORMATS:
         raise ExportError(
             f"{bundle.path} holds policy format {policy_format!r}, not {trainer.POLICY_FORMAT!r} (the hand-written "
             "model of earlier versions has no Hugging Face form); export it with the version that wrote it"
@@ -82,17 +83,22 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Pat
     if not isinstance(math, dict):
         raise ExportError(f"{bundle.path}/manifest.json lists no math fields, so its model cannot be rebuilt")
     cfg = _trainer_config(math)
-    entry = m.files.get(f"{layout.POLICY}/{trainer.MODEL_FILE}")
-    if entry is None:
-        raise ExportError(f"{bundle.path}: no {layout.POLICY}/{trainer.MODEL_FILE} in its manifest")
-    with files.open_checked(bundle.path / layout.POLICY / trainer.MODEL_FILE, entry) as f:
-        state = torch.load(f, weights_only=True)
+    entries = bundle.entries(layout.POLICY)
+    state = None
+    if policy_format == trainer.LEGACY_FORMAT:
+        if trainer.MODEL_FILE not in entries:
+            raise ExportError(f"{bundle.path}: no {layout.POLICY}/{trainer.MODEL_FILE} in its manifest")
+        with files.open_checked(bundle.path / layout.POLICY / trainer.MODEL_FILE, entries[trainer.MODEL_FILE]) as f:
+            state = torch.load(f, weights_only=True)
     try:
         work = workload.Workload(cfg, with_prompts=False)
         model = work.new_model()
     except InvalidSpec as e:  # a model of the user's own: its directory gives the config and the tokenizer
         raise ExportError(f"the run's model directory is needed for its config and tokenizer: {e}") from e
-    model.load_state_dict(state)
+    if state is not None:
+        model.load_state_dict(state)
+    else:  # the shards of every rank that wrote it, gathered into the one model (DCP reshards to one process)
+        sharding.load(bundle.path / layout.POLICY, model, None, entries)
     if trainer.weights_sha256(model.state_dict()) != m.weights_sha256:
         raise ExportError(f"{bundle.path}: the loaded weights do not match the manifest's weights_sha256")
     out.mkdir(parents=True, exist_ok=True)

@@ -278,6 +278,9 @@ def _model_and_data(trainer: dict[str, Any]) -> list[Bad]:
             schema_checks=False,
         ),
     ]
+    rows = trainer.get("promptsPerStep", 8) * trainer.get("grpo", {}).get("groupSize", 8)
+    if rows < 1024:  # more trainer ranks than a step has rows (within the field's own bound)
+        found.append(Bad(at("trainerWorkers"), rows + 1, schema_checks=False))
     if "data" in trainer:  # a model of the user's own
         found.append(Bad(at("model", "dModel"), 32, at("model", "path"), schema_checks=False))
         found.append(Bad(at("task"), {"kind": "copy"}, schema_checks=False))

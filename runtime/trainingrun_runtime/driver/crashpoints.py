@@ -6,7 +6,9 @@ Points (in the order a step passes them): `trained` (after the optimizer step, b
 the consumed rows are cleared), then in a save `begun`, `policy_saved`,
 `data_plane_saved` (the barrier window closed, TransferQueue's snapshot written),
 `index_file_written`, the bundle's commit stages (`files_synced`, `manifest_written`,
-`old_moved`, `renamed`, `parent_synced`, `old_removed`) and `reported`. The step of a
+`old_moved`, `renamed`, `parent_synced`, `old_removed`) and `reported`; in each trainer
+rank's process, `rank<r>_saved` (rank r wrote its shard of the policy and has not told
+the controller yet: killing that process is a rank lost mid-save). The step of a
 save's points is the checkpoint's step. On reaching an armed point the process writes
 `<marker_dir>/crashed-at-<point>@<step>` and blocks forever; the test waits for that
 file and kills the whole process group, which is what a pod kill does. A point armed

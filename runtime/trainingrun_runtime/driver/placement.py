@@ -1,7 +1,8 @@
 """Where each Ray actor of a run goes: everything that holds run state on the head, generation on the worker groups.
 
     on the driver's node (the head pod), with hard node affinity:
-        the controller actor, the trainer worker, TransferQueue's controller and its storage units
+        the controller actor, the trainer workers (the data-parallel ranks), TransferQueue's controller and its
+        storage units
     generation workers:
         the run has worker groups -> one unit of `config.GENERATION_RESOURCE` each, which only the worker groups'
                                      nodes have (the operator puts it into their rayStartParams), spread over
@@ -13,11 +14,11 @@
 So losing a worker pod loses no state: only generation workers can be on it, and the controller replaces them
 (`controller`). The driver always runs on the head: KubeRay submits it to the head's job server.
 
-GPUs (`gpus`): the trainer asks for one when the head has one, and each generation worker asks for one when every
-node it may run on has one (on the head: one for the trainer and one per generation worker), so that Ray gives the
-actor its device (CUDA_VISIBLE_DEVICES) and the model goes onto it (`grpo.workload.device`); otherwise they run on
-the CPU. KubeRay gives each pod's Ray the GPUs of its `nvidia.com/gpu` limit. Not measured on a GPU here: the test
-machine has none.
+GPUs (`gpus`): each trainer rank asks for one when the head has one for every rank, and each generation worker asks
+for one when every node it may run on has one (on the head: one per trainer rank and one per generation worker), so
+that Ray gives the actor its device (CUDA_VISIBLE_DEVICES) and the model goes onto it (`grpo.workload.device`);
+otherwise they run on the CPU. KubeRay gives each pod's Ray the GPUs of its `nvidia.com/gpu` limit. Not measured on
+a GPU here: the test machine has none.
 """
 
 from __future__ import annotations
@@ -53,20 +54,27 @@ class Gpus:
     generator: int = 0
 
 
-def gpus(nodes: Sequence[Mapping[str, Any]], head: str, cfg: config.GenerationConfig, generation_workers: int) -> Gpus:
-    """The GPUs to ask for, from Ray's nodes (`ray.nodes()`: NodeID, Alive, Resources); see the module."""
+def gpus(
+    nodes: Sequence[Mapping[str, Any]],
+    head: str,
+    cfg: config.GenerationConfig,
+    generation_workers: int,
+    trainer_workers: int = 1,
+) -> Gpus:
+    """The GPUs to ask for, from Ray's nodes (`ray.nodes()`: NodeID, Alive, Resources); see the module. `trainer` is
+    per trainer rank: each gets one only when the head has one for every rank."""
     alive = [n for n in nodes if n.get("Alive", True)]
 
     def gpus_of(node: Mapping[str, Any]) -> float:
         return float((node.get("Resources") or {}).get("GPU", 0))
 
     on_head = sum(gpus_of(n) for n in alive if n.get("NodeID") == head)
-    trainer = 1 if on_head >= 1 else 0
+    trainer = 1 if on_head >= trainer_workers else 0
     if cfg.on_worker_groups:
         workers = [n for n in alive if config.GENERATION_RESOURCE in (n.get("Resources") or {})]
         generator = 1 if workers and all(gpus_of(n) >= 1 for n in workers) else 0
     else:
-        generator = 1 if on_head >= trainer + generation_workers else 0
+        generator = 1 if on_head >= trainer * trainer_workers + generation_workers else 0
     return Gpus(trainer=trainer, generator=generator)
 
 

@@ -258,12 +258,19 @@ def check_config(saved: manifest.Manifest, cfg: config.RuntimeConfig) -> None:
     (or none that differ) names `spec.trainer` as a whole.
     """
     policy_format = saved.extra.get("policy_format")
-    if policy_format != trainer.POLICY_FORMAT:
+    if policy_format not in trainer.FORMATS:
         held = f"policy format {policy_format!r}" if policy_format else "the hand-written model of earlier versions"
         raise ConfigMismatch(
             f"step_{saved.step} holds {held}, and this version's built-in model is a Hugging Face GPT-2 "
             f"({trainer.POLICY_FORMAT!r}), which cannot load it. To resume this run, run it with the version that "
             "wrote it; to train with this version, start a TrainingRun of another name from scratch"
+        )
+    workers = cfg.trainer.trainer_workers
+    if policy_format == trainer.LEGACY_FORMAT and workers > 1:
+        raise ConfigMismatch(
+            f"spec.trainer.trainerWorkers: {workers}, but step_{saved.step} was written by an earlier version as one "
+            f"trainer's files ({trainer.LEGACY_FORMAT!r}), which load on one trainer worker only. Resume with "
+            "trainerWorkers: 1 until this version has written a checkpoint, then raise it"
         )
     current = config.config_hash(cfg)
     if saved.config_hash == current:
@@ -368,9 +375,7 @@ def restore(
 
 def _load_policy(chosen: checkpointer.Selection, the_trainers: trainers.Trainers) -> None:
     verified, m = chosen.verified, chosen.manifest
-    sha = the_trainers.load(
-        verified.file(f"{layout.POLICY}/{trainer.MODEL_FILE}").parent, verified.entries(layout.POLICY)
-    )
+    sha = the_trainers.load(verified.path / layout.POLICY, verified.entries(layout.POLICY))
     if sha != m.weights_sha256:
         raise CheckpointCorrupt(f"{verified.path}: loaded weights hash {sha}, the manifest says {m.weights_sha256}")
 

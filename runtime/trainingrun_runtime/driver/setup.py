@@ -174,13 +174,15 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         # Generation workers first: their processes start while TransferQueue does (they never touch it).
         import ray
 
-        devices = placement.gpus(ray.nodes(), head, opts.config.generation, tcfg.generation_workers)  # type: ignore[no-untyped-call]
+        nodes = ray.nodes()  # type: ignore[no-untyped-call]
+        devices = placement.gpus(nodes, head, opts.config.generation, tcfg.generation_workers, tcfg.trainer_workers)
         generation_options = placement.generation(opts.config.generation, devices.generator)
         generators: list[Any] = []
         _on_failure(undo, "the generation workers", lambda: _kill(generators))
         for i in range(tcfg.generation_workers):
             generators.append(generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options))
-        the_trainers = trainers.Trainers(tcfg, prefix, head, num_gpus=devices.trainer)
+        crash = crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers")
+        the_trainers = trainers.Trainers(tcfg, prefix, head, num_gpus=devices.trainer, crash=crash)
         _on_failure(undo, "the trainer worker and TransferQueue", the_trainers.close)
         ev.emit("tq_started")
         rollout = restore.Rollout.fresh(tcfg, workload.dataset_size(tcfg, data))
@@ -207,7 +209,7 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
             restored=restored,
             status_reporter=reporter,
             event_log=ev,
-            crash=crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers"),
+            crash=crash,
             progress_period_s=opts.progress_period_s,
             run_uid=opts.run_uid,
             namespace=opts.namespace,

@@ -15,12 +15,18 @@ TransferQueue or decide to start fresh, and it does so on the driver before any 
 bootstrap client stays in the driver process (it is dropped when `Trainers` is pickled into the controller's
 arguments); the driver closes it at the end.
 
-`TrainerWorker` is a thin Ray wrapper over `grpo.trainer.Trainer`; one worker here, the place where data-parallel
-workers would go at scale.
+`TrainerWorker` is a thin Ray wrapper over `grpo.trainer.Trainer`: `spec.trainer.trainerWorkers` of them, the
+data-parallel ranks of one torch.distributed group (`grpo.sharding`; rank 0 is the named `<prefix>-trainer`, rank r
+`<prefix>-trainer-r`). Every call goes to all ranks in the same order (each actor runs its calls in the order they
+were sent, and every collective inside them needs all ranks): `train` gives each rank its contiguous part of the
+step's rows, `save` has every rank write its shard and returns only when all have (a rank that dies mid-save fails
+the save: no step), and what only one answer is wanted from (the weights, their checksum) comes from rank 0. A lost
+rank ends the attempt: the ranks' state is one, and it is in the checkpoint.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,11 +36,11 @@ import torch
 
 from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
-from trainingrun_runtime.driver import placement
-from trainingrun_runtime.grpo import trainer, workload
+from trainingrun_runtime.driver import crashpoints, placement
+from trainingrun_runtime.grpo import sharding, trainer, workload
 from trainingrun_runtime.storage.manifest import FileEntry
 
-__all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers"]
+__all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Trainers", "rank_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +52,27 @@ STORAGE_UNITS = 2
 
 
 class TrainerWorker:
-    """One trainer process: a `Trainer` and a connect-only client to read its batches from TransferQueue."""
+    """One trainer process (rank `rank` of `world`): a `Trainer` and a connect-only client to read its part of each
+    batch from TransferQueue."""
 
-    def __init__(self, cfg: config.TrainerConfig) -> None:
+    def __init__(
+        self,
+        cfg: config.TrainerConfig,
+        rank: int = 0,
+        world: int = 1,
+        address: str | None = None,
+        crash: crashpoints.CrashPoints | None = None,
+    ) -> None:
+        """Join the ranks' process group at `address` (rank 0's `rendezvous`; None with one rank), then build the
+        trainer: the first weights, sharded over the ranks."""
+        self.rank = rank
+        self.crash = crash or crashpoints.CrashPoints(None, ".")
         trainer.deterministic()
-        self.trainer = trainer.Trainer(cfg)
+        if world > 1:
+            if address is None:
+                raise ValueError("several trainer ranks need the address of rank 0's rendezvous")
+            sharding.join(address, rank, world)
+        self.trainer = trainer.Trainer(cfg, rank=rank, world=world)
         self.client: lifecycle.ConnectOnlyDataPlane | None = None
 
     def attach(self, token: lifecycle.DataPlaneToken) -> None:
@@ -87,13 +109,21 @@ class TrainerWorker:
         return self.trainer.weights_sha256()
 
     def save(self, directory: str) -> str:
-        """Write policy files into `directory`; returns weights_sha256."""
-        return self.trainer.save(directory)
+        """Write this rank's shard (and, on rank 0, the index) into `directory`; returns weights_sha256 (rank 0)."""
+        sha = self.trainer.save(directory)
+        self.crash.reach(f"rank{self.rank}_saved", self.trainer.version)  # written, not yet acknowledged
+        return sha
 
     def load(self, directory: str, expected: Mapping[str, FileEntry] | None = None) -> str:
         """Load policy files, each checked against `expected` as it is read; returns weights_sha256 of what was
         loaded (`trainer.Trainer.load`)."""
         return self.trainer.load(directory, expected)
+
+
+def rank_rows(rows: Sequence[str], rank: int, world: int) -> list[str]:
+    """Rank `rank`'s part of a step's rows: the `rank`-th of `world` contiguous parts as equal as they can be."""
+    n = len(rows)
+    return list(rows[rank * n // world : (rank + 1) * n // world])
 
 
 class Trainers:
@@ -107,6 +137,7 @@ class Trainers:
         *,
         storage_units: int = STORAGE_UNITS,
         num_gpus: int = 0,
+        crash: crashpoints.CrashPoints | None = None,
     ) -> None:
         """Start the trainer worker and TransferQueue on the Ray node `head` (`placement`: run state lives there).
 
@@ -117,15 +148,31 @@ class Trainers:
 
         self.cfg = cfg
         worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
-        options = {"name": f"{name_prefix}-trainer", "num_gpus": num_gpus, **placement.on_head(head)}
-        self.worker: Any = worker_cls.options(**options).remote(cfg)
+        world = cfg.trainer_workers
+        where = {"num_gpus": num_gpus, **placement.on_head(head)}
+        # The ranks run on the head, this driver's node: a port free here is one free there.
+        address = None
+        if world > 1:
+            address = sharding.rendezvous(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+        def rank(r: int) -> Any:
+            name = f"{name_prefix}-trainer" if r == 0 else f"{name_prefix}-trainer-{r}"
+            return worker_cls.options(name=name, **where).remote(cfg, r, world, address, crash)
+
+        self.workers: list[Any] = []
         try:
+            self.workers.extend(rank(r) for r in range(world))
             self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
                 storage_units=storage_units, node_id=head
             )
         except BaseException:
-            self._stop_worker()
+            self._stop_workers()
             raise
+
+    @property
+    def worker(self) -> Any:
+        """Rank 0's actor (the one the weights and their checksum come from)."""
+        return self.workers[0]
 
     def __getstate__(self) -> dict[str, Any]:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.
@@ -145,7 +192,7 @@ class Trainers:
         import ray
 
         restored = self._bootstrap().load_checkpoint(directory, expected)
-        ray.get(self.worker.attach.remote(restored.token))
+        ray.get([w.attach.remote(restored.token) for w in self.workers])
         return restored
 
     def start_fresh(self) -> lifecycle.DataPlaneToken:
@@ -153,16 +200,18 @@ class Trainers:
         import ray
 
         token = self._bootstrap().start_fresh()
-        ray.get(self.worker.attach.remote(token))
+        ray.get([w.attach.remote(token) for w in self.workers])
         return token
 
     def load(self, directory: Path, expected: Mapping[str, FileEntry] | None = None) -> str:
-        """Load weights and optimizer state from a bundle's `policy/`, each file checked against `expected` (the
-        manifest's entries) in the worker's process as it reads it; returns weights_sha256."""
+        """Load weights and optimizer state from a bundle's `policy/` onto every rank (written by any number of
+        ranks: DCP reshards), each file checked against `expected` (the manifest's entries) in the process that
+        reads it; returns weights_sha256 (rank 0's answer)."""
         import ray
 
-        sha: str = ray.get(self.worker.load.remote(str(directory), None if expected is None else dict(expected)))
-        return sha
+        entries = None if expected is None else dict(expected)
+        shas: list[str] = ray.get([w.load.remote(str(directory), entries) for w in self.workers])
+        return shas[0]
 
     def close(self) -> None:
         """Shut TransferQueue down and stop the trainer worker (driver only: the run is over, or its setup failed)."""
@@ -171,30 +220,36 @@ class Trainers:
                 self.data_plane.close()
                 self.data_plane = None
         finally:
-            self._stop_worker()
+            self._stop_workers()
 
-    def _stop_worker(self) -> None:
+    def _stop_workers(self) -> None:
         import ray
 
-        ray.kill(self.worker, no_restart=True)
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
 
     # -- used by the controller actor (async) ------------------------------------------------------
 
     async def train(self, partition: str, sample_ids: Sequence[str]) -> dict[str, float]:
-        """One training step on the rows `sample_ids`."""
-        stats: dict[str, float] = await self.worker.train.remote(partition, list(sample_ids))
-        return stats
+        """One training step on the rows `sample_ids`, each rank on its part (`rank_rows`); the step's stats."""
+        world = len(self.workers)
+        calls = [w.train.remote(partition, rank_rows(sample_ids, r, world)) for r, w in enumerate(self.workers)]
+        stats: list[dict[str, float]] = await asyncio.gather(*calls)
+        return stats[0]
 
     def weights_ref(self) -> Any:
-        """An ObjectRef to the current weights (fetched by the generators, not by the caller)."""
-        return self.worker.weights.remote()
+        """An ObjectRef to the current weights (fetched by the generators, not by the caller): rank 0's, which the
+        other ranks' calls help gather."""
+        refs = [w.weights.remote() for w in self.workers]
+        return refs[0]
 
     async def save(self, directory: Path) -> str:
-        """Write `policy/` files; returns weights_sha256."""
-        sha: str = await self.worker.save.remote(str(directory))
-        return sha
+        """Every rank writes its shard into `policy/`; returns weights_sha256 once all have (a rank that fails or
+        dies fails the save)."""
+        shas: list[str] = await asyncio.gather(*(w.save.remote(str(directory)) for w in self.workers))
+        return shas[0]
 
     async def weights_sha256(self) -> str:
         """weights_sha256 of the trainer's current weights."""
-        sha: str = await self.worker.weights_sha256.remote()
-        return sha
+        shas: list[str] = await asyncio.gather(*(w.weights_sha256.remote() for w in self.workers))
+        return shas[0]

@@ -46,14 +46,19 @@ def policy_loss(
     clip_eps: float,
     kl_coef: float | None = None,
     ref_logp: torch.Tensor | None = None,
+    tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
-    """The clipped GRPO objective (to minimise) for token log-probs [B, T], sequence advantages [B]."""
+    """The clipped GRPO objective (to minimise) for token log-probs [B, T], sequence advantages [B].
+
+    `tokens` is what the masked means divide by, when it is not this batch's `mask.sum()`: a data-parallel rank
+    holds part of the step's batch and divides by the whole batch's token count, so that the ranks' losses (and
+    gradients) sum to the whole batch's."""
     adv = advantages[:, None]
     ratio = torch.exp(logp - old_logp)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     per_token = torch.max(pg_loss1, pg_loss2)
-    n = mask.sum()
+    n = mask.sum() if tokens is None else tokens
     pg_loss = (per_token * mask).sum() / n
     kl_value = torch.zeros((), dtype=logp.dtype)
     loss = pg_loss

@@ -70,7 +70,7 @@ def test_a_checkpoint_of_the_hand_written_model_is_refused_naming_its_format(run
     doc = json.loads(manifest.read_text())
     del doc["extra"]["policy_format"]
     manifest.write_text(json.dumps(doc, sort_keys=True, indent=2) + "\n")
-    with pytest.raises(export.ExportError, match=r"policy format None, not 'hf-gpt2/1'.*version that wrote it"):
+    with pytest.raises(export.ExportError, match=r"policy format None, not 'hf-dcp/1'.*version that wrote it"):
         export.export(run_dir, tmp_path / "out")
 
 

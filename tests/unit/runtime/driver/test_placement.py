@@ -56,6 +56,20 @@ def test_an_actor_asks_for_a_gpu_only_where_every_node_it_may_run_on_has_one(
     assert placement.gpus(nodes, "head", cfg, workers) == wanted
 
 
+@pytest.mark.parametrize(
+    ("head_gpus", "wanted"),
+    [
+        (1, placement.Gpus(0, 0)),  # not one for each of the 2 ranks: all on the CPU, not 1 rank waiting for ever
+        (2, placement.Gpus(1, 0)),  # one per rank; none left for the generators
+        (4, placement.Gpus(1, 1)),  # one per rank and one per generation worker
+    ],
+)
+def test_each_trainer_rank_gets_a_gpu_only_when_the_head_has_one_for_every_rank(
+    head_gpus: int, wanted: placement.Gpus
+) -> None:
+    assert placement.gpus([node("head", head_gpus)], "head", LOCAL, 2, trainer_workers=2) == wanted
+
+
 def test_the_generation_options_carry_the_gpu_and_keep_the_worker_groups_placement() -> None:
     assert placement.generation(LOCAL) == {}
     assert placement.generation(LOCAL, 1) == {"num_gpus": 1}

@@ -156,6 +156,16 @@ def test_a_checkpoint_of_the_hand_written_model_is_refused_under_the_same_math_r
     restore.check_config(saved_manifest(4), SAVED)
 
 
+def test_a_checkpoint_of_one_trainers_files_resumes_on_one_worker_and_more_are_refused_naming_the_field() -> None:
+    """An earlier version saved the policy as one trainer's `model.pt` and `optimizer.pt` (optimizer state by
+    position, not by name), which only one rank can load; a sharded checkpoint resumes on any number."""
+    restore.check_config(saved_manifest(4, policy_format=trainer.LEGACY_FORMAT), SAVED)
+    two = SAVED.model_copy(update={"trainer": SAVED.trainer.model_copy(update={"trainer_workers": 2})})
+    with pytest.raises(ConfigMismatch, match=r"^spec\.trainer\.trainerWorkers: 2, but step_4 .*trainerWorkers: 1"):
+        restore.check_config(saved_manifest(4, policy_format=trainer.LEGACY_FORMAT), two)
+    restore.check_config(saved_manifest(4), two)
+
+
 def test_a_checkpoint_trained_on_other_rows_of_the_data_file_is_refused_naming_the_field() -> None:
     """The loader's place points into the rows as they were: the same path with other rows would resume silently on
     other prompts."""

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from trainingrun_runtime import config
 from trainingrun_runtime.errors import CheckpointCorrupt
-from trainingrun_runtime.grpo import group_sampling, objective, trainer, workload
+from trainingrun_runtime.grpo import group_sampling, objective, sharding, trainer, workload
 from trainingrun_runtime.storage import files
 
 CFG = config.TrainerConfig(prompts_per_step=3, grpo=config.GRPOConfig(group_size=4, kl_coef=0.1, updates_per_batch=2))
@@ -41,12 +42,30 @@ def test_a_reloaded_trainer_ends_bit_identical_to_an_uninterrupted_one(tmp_path:
     assert second.version == straight.version == 4
 
 
-def test_policy_files_load_with_weights_only(tmp_path: Path) -> None:
+def test_the_policy_is_saved_in_dcp_form_keyed_by_parameter_name_so_any_number_of_ranks_can_load_it(
+    tmp_path: Path,
+) -> None:
     tr = trainer.Trainer(CFG)
     _train(tr, range(1))
     tr.save(tmp_path)
-    for name in (trainer.MODEL_FILE, trainer.OPTIMIZER_FILE):
-        torch.load(tmp_path / name, weights_only=True)
+    assert {p.name for p in tmp_path.iterdir()} == {sharding.METADATA_FILE, sharding.shard_file(0), trainer.STATE_FILE}
+    keys = set(FileSystemReader(tmp_path).read_metadata().state_dict_metadata)
+    name = next(iter(tr.model.state_dict()))
+    assert {f"model.{name}", f"optimizer.state.{name}.exp_avg", f"optimizer.state.{name}.exp_avg_sq"} <= keys
+
+
+def test_a_checkpoint_of_an_earlier_version_in_one_file_per_state_still_loads(tmp_path: Path) -> None:
+    tr = trainer.Trainer(CFG)
+    _train(tr, range(1))
+    torch.save(tr.model.state_dict(), tmp_path / trainer.MODEL_FILE)
+    torch.save(tr.optimizer.state_dict(), tmp_path / trainer.OPTIMIZER_FILE)
+    (tmp_path / trainer.STATE_FILE).write_text('{"version": 1}')
+    expected = {p.name: files.hash_file(p) for p in tmp_path.iterdir()}
+    again = trainer.Trainer(CFG)
+    assert again.load(tmp_path, expected) == tr.weights_sha256()
+    _train(again, range(1, 2))
+    _train(tr, range(1, 2))
+    assert again.weights_sha256() == tr.weights_sha256()
 
 
 def test_the_weights_checksum_sees_one_flipped_bit_and_ignores_dict_order() -> None:
@@ -57,17 +76,20 @@ def test_the_weights_checksum_sees_one_flipped_bit_and_ignores_dict_order() -> N
     assert trainer.weights_sha256(state) != trainer.weights_sha256(flipped)
 
 
-def test_a_policy_file_that_differs_from_the_manifests_entry_is_refused_rather_than_loaded(tmp_path: Path) -> None:
-    """With the manifest's entries, the trainer checks each file through the descriptor it loads it from: a
-    model.pt replaced after the driver's verification (here: another trainer's) is refused, naming the file."""
+@pytest.mark.parametrize("name", [sharding.METADATA_FILE, sharding.shard_file(0), trainer.STATE_FILE])
+def test_a_policy_file_that_differs_from_the_manifests_entry_is_refused_rather_than_loaded(
+    tmp_path: Path, name: str
+) -> None:
+    """With the manifest's entries, the trainer checks each file through the descriptor it loads it from: a file
+    replaced after the driver's verification (here: another trainer's) is refused, naming the file."""
     tr = trainer.Trainer(CFG)
     tr.save(tmp_path / "policy")
     expected = {p.name: files.hash_file(p) for p in (tmp_path / "policy").iterdir()}
     _train(tr, range(1))
     tr.save(tmp_path / "other")
-    os.replace(tmp_path / "other" / trainer.MODEL_FILE, tmp_path / "policy" / trainer.MODEL_FILE)
+    os.replace(tmp_path / "other" / name, tmp_path / "policy" / name)
     fresh = trainer.Trainer(CFG)
-    with pytest.raises(CheckpointCorrupt, match=rf"policy/{trainer.MODEL_FILE}: (checksum mismatch|\d+ bytes)"):
+    with pytest.raises(CheckpointCorrupt, match=rf"policy/{name}: (checksum mismatch|\d+ bytes)"):
         fresh.load(tmp_path / "policy", expected)
     assert fresh.version == 0
 

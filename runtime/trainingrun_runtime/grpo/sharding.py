@@ -1,0 +1,167 @@
+"""Data-parallel trainer ranks: the process group, FSDP2 sharding, and the policy's checkpoint in
+`torch.distributed.checkpoint` (DCP) form, read back only through checked files.
+
+    N ranks (N = spec.trainer.trainerWorkers), one process each
+    join(address, rank, N)       ─► torch.distributed group: gloo on the CPU, NCCL with a GPU (N = 1: no group)
+    shard(model)                 ─► fully_shard on every transformer block (the model's `_no_split_modules`), then
+                                    the root; FSDP averages the ranks' gradients (gloo has no pre-scaled sum), so
+                                    each rank's loss is N × its share of the whole batch's (`grpo.trainer`)
+    save(dir, model, optimizer)  ─► dir/.metadata + __<rank>_0.distcp per rank: every rank writes its shard
+    load(dir, model, optimizer, expected)
+                                 ─► any number of ranks reads a checkpoint written by any other number (DCP
+                                    reshards); each file is opened through `files.open_checked` against the
+                                    manifest's entry, in the process that reads it
+
+The state is keyed by parameter names (`get_state_dict`), never by a rank's position in the optimizer, so the
+same files load onto 1 rank or 8. Nothing here writes outside `dir`; fsync and the manifest are the commit's
+(`storage.commit`), which runs only after every rank's `save` returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import os
+import socket
+import warnings
+from collections.abc import Generator, Iterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from trainingrun_runtime.errors import CheckpointCorrupt
+from trainingrun_runtime.storage import files
+from trainingrun_runtime.storage.manifest import FileEntry
+
+__all__ = ["METADATA_FILE", "full_weights", "join", "load", "rendezvous", "save", "shard", "shard_file"]
+
+METADATA_FILE = ".metadata"
+"""DCP's index of a checkpoint (written by rank 0); the shards are `shard_file(rank)`."""
+JOIN_TIMEOUT = datetime.timedelta(minutes=10)
+"""How long a collective waits for a rank that does not come (a lost rank ends the attempt before this)."""
+
+
+def shard_file(rank: int) -> str:
+    """The file DCP writes a rank's shard of the policy and optimizer into."""
+    return f"__{rank}_0.distcp"
+
+
+def rendezvous(ip: str) -> str:
+    """`tcp://ip:port` with a port free on this node, for the other ranks to join rank 0 (called on rank 0)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"tcp://{ip}:{port}"
+
+
+def join(address: str, rank: int, world: int) -> None:
+    """Join the trainer ranks' process group (blocks until all `world` ranks have joined)."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
+
+
+def shard(model: Any) -> None:
+    """FSDP2 over the process group: each transformer block, then the whole model (in place)."""
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in list(model.modules())[1:]:
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+
+
+def full_weights(model: Any) -> dict[str, torch.Tensor]:
+    """Every rank calls this together; rank 0 gets the whole weights in host memory, the others `{}`."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: cast(torch.Tensor, v).detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def save(directory: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """Every rank writes its shard of the weights and the optimizer state into `directory` (collective)."""
+    weights, optim = get_state_dict(model, optimizer)
+    writer = FileSystemWriter(directory, sync_files=False)  # the commit fsyncs every file of the bundle
+    with _alone_is_meant():
+        state_dict_saver.save({"model": weights, "optimizer": optim}, storage_writer=writer, no_dist=not _grouped())
+
+
+def load(
+    directory: Path, model: Any, optimizer: torch.optim.Optimizer | None, expected: Mapping[str, FileEntry] | None
+) -> None:
+    """Load what `save` wrote, by any number of ranks, into this rank's shards (collective); with `expected` (the
+    manifest's entries of `policy/` by file name) every file is read through its checked descriptor. Without an
+    optimizer only the weights are read (an export)."""
+    if optimizer is None:
+        state: dict[str, Any] = {"model": model.state_dict()}
+    else:
+        weights, optim = get_state_dict(model, optimizer)
+        state = {"model": weights, "optimizer": optim}
+    reader = FileSystemReader(directory)
+    checked = None if expected is None else _CheckedFiles(expected)
+    if checked is not None:
+        reader.fs = checked
+    try:
+        with _alone_is_meant():
+            state_dict_loader.load(state, storage_reader=reader, no_dist=not _grouped())
+    except BaseException as e:  # DCP gathers every rank's failure into one of its own: name the refused file
+        if checked is not None and checked.refused is not None:
+            raise checked.refused from e
+        raise
+    if optimizer is None:
+        model.load_state_dict(state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _alone_is_meant() -> Iterator[None]:
+    """Without a process group (one trainer worker, an export) DCP warns that it assumes one process: it is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*single process", category=UserWarning)
+        yield
+
+
+class _CheckedFiles(FileSystem):
+    """DCP's file access for reading, each file through `files.open_checked` against the manifest's entry."""
+
+    def __init__(self, expected: Mapping[str, FileEntry]) -> None:
+        self.expected = dict(expected)
+        self.refused: CheckpointCorrupt | None = None
+        """The first file refused in this process (DCP reports only its own wrapper of the error)."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        if mode != "rb":
+            raise PermissionError(f"{path}: a checkpoint being restored is read, never written")
+        name = Path(path).name
+        try:
+            if name not in self.expected:
+                if not os.path.lexists(path):  # DCP looks for optional files (a rank's own metadata) this way
+                    raise FileNotFoundError(path)
+                raise CheckpointCorrupt(f"{path}: not in the manifest of this checkpoint")
+            f = files.open_checked(path, self.expected[name])
+        except CheckpointCorrupt as e:
+            self.refused = self.refused or e
+            raise
+        with f:
+            yield cast(io.IOBase, f)
+
+
+def is_checkpoint(names: Iterator[str] | list[str] | set[str]) -> bool:
+    """Whether a `policy/` listing is a DCP checkpoint (else the single-file format of earlier versions)."""
+    return METADATA_FILE in set(names)
