@@ -9,6 +9,10 @@
         resume_worker_cpu_over_cores_s = the CPU our Ray actors' processes used by then, over the machine's cores:
             the least wall time their start can take on this machine, however it is ordered (each imports torch,
             and all but the generators TransferQueue and its tensordict, before it does anything of ours)
+    a run saving at every step, then one that never saves (the policy's write, the fsync, the hashing and the
+    commit run behind training; the pump waits only for the copy into host memory and the data-plane cut)
+        throughput_ckpt_every_step_vs_none = steps/s of the first / of the second          goal >= 0.9
+        checkpoint_blocked_s_median = how long a save kept the train pump waiting
     --ab: also separate runs without checkpoints, ABBA order (noisy on a shared machine)
 
 The in-run figure is the honest one on this shared 2-core machine: across separate runs,
@@ -180,6 +184,21 @@ def ab_figures(root: Path, steps: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def every_step_figures(root: Path, steps: int) -> dict[str, Any]:
+    """A run saving at every step against one that never saves, one after the other: what a checkpoint blocks, now
+    that the policy's write, the fsync, the hashing and the commit run behind training."""
+    every = run(root, "every-step", config(steps, 1))
+    never = run(root, "never", config(steps, 10**6))
+    blocked = [e["blocked_s"] for e in every if e["event"] == "checkpoint_committed"]
+    return {
+        "steps_per_s_ckpt_every_step": steps_per_s(every),
+        "steps_per_s_no_ckpt": steps_per_s(never),
+        "throughput_ckpt_every_step_vs_none": steps_per_s(every) / steps_per_s(never),
+        "checkpoint_blocked_s_median": statistics.median(blocked),
+        "checkpoints_every_step": len(blocked),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=60)
@@ -204,6 +223,7 @@ def main() -> int:
         figures.update(startup_split(resumed[len(with_ckpt) :]))
         figures.update(cpu)
         figures["resume_our_part_s"] = figures["resume_driver_start_to_pumps_s"] - figures["resume_ray_start_s"]
+        figures.update(every_step_figures(root, a.steps))
         if a.ab:
             figures.update(ab_figures(root, a.steps, a.repeat))
         results.merge("grpo", figures)

@@ -2,10 +2,12 @@
 
     save(step N)                                                       (called by the train pump every save_period)
       wait for the previous commit; begin(): fence, clean tmp_step_*   one save at a time (never a newer attempt's)
-      tmp_step_N.attempt_A/ ← policy/ (weights + optimizer)            the trainer is idle: the pump waits
+      every trainer rank copies its weights + optimizer into host memory   the pump waits (`blocked_s`) only for
+        and starts writing its shard of tmp_step_N.attempt_A/policy/        this copy and the cut below
       ┌ barrier.checkpoint(): replay index + capture() + inventory check + TransferQueue snapshot ┐   (checkpointer)
       └ the lanes queue at reserve/commit only for this window ──────────────────────────────────┘
       ── the pump goes on training from here; the rest runs as task checkpoint-commit-N ──
+      wait until every rank's shard is written (weights_sha256 read back from the files)
       train_dataloader.pt ← the loader place and sampler cursor read in the cut
       commit: fsync, manifest (weights_sha256, replay digest, config hash) last, fence, rename → step_N
       report status.runtime.lastCheckpoint (only now); retention that keeps the step the operator would resume
@@ -80,6 +82,9 @@ class Checkpoints:
         """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
         self.exclusive_s: list[float] = []
         """The barrier's exclusive window of each checkpoint this attempt committed (seconds)."""
+        self.blocked_s: list[float] = []
+        """How long each save this attempt began kept the train pump waiting: the policy's copy into host memory
+        and the barrier cut, from the save's begin (seconds)."""
 
     @property
     def committing(self) -> int | None:
@@ -99,19 +104,31 @@ class Checkpoints:
         started = time.monotonic()
         pending = await asyncio.to_thread(self._saver.begin, step)
         try:
-            weights_sha = await self._args.trainers.save(pending.path / layout.POLICY)
+            await self._args.trainers.begin_save(pending.path / layout.POLICY)  # copied; written behind
             self._args.crash.reach("policy_saved", step)
             snap = await pending.snapshot(capture=capture)  # the one exclusive barrier cut
         except InventoryMismatch as e:
-            pending.abort()
+            await self._discard(pending)
             log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
             return
         except BaseException:
-            pending.abort()
+            await self._discard(pending)
             raise
+        blocked_s = time.monotonic() - started
+        self.blocked_s.append(blocked_s)
         self._commit = asyncio.create_task(
-            self._finish(pending, snap, step, reward, weights_sha, reason, started), name=f"checkpoint-commit-{step}"
+            self._finish(pending, snap, step, reward, reason, started, blocked_s), name=f"checkpoint-commit-{step}"
         )
+
+    async def _discard(self, pending: checkpointer.PendingCheckpoint) -> None:
+        """Abort a save after its policy write began: wait for the write first (it writes into the directory the
+        abort removes), whatever came of it."""
+        try:
+            await self._args.trainers.finish_save()
+        except Exception as e:  # the save is discarded either way; the failure that discards it is raised
+            log.warning("the policy's background write of a discarded save failed too: %s", e)
+        finally:
+            pending.abort()
 
     async def settle(self) -> None:
         """Wait for the background commit of the previous checkpoint; re-raise its failure as it was."""
@@ -158,12 +175,15 @@ class Checkpoints:
         snap: checkpointer.Snapshot,
         step: int,
         reward: float | None,
-        sha: str,
         reason: contract.CheckpointReason,
         started: float,
+        blocked_s: float,
     ) -> None:
-        """train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps training)."""
+        """The policy's write, train_dataloader.pt, fsync + manifest + rename, then report and retention (overlaps
+        training)."""
         try:
+            sha = await self._args.trainers.finish_save()  # every rank's shard written (or the save fails here)
+            self._args.crash.reach("policy_written", step)
             loader_state = {"loader": snap.restart["loader"], "sampler": snap.restart["sampler"]}
             await asyncio.to_thread(torch.save, loader_state, pending.path / layout.TRAIN_DATALOADER)
             extra = {
@@ -191,7 +211,7 @@ class Checkpoints:
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
         self._args.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
-                         exclusive_s=snap.exclusive_s, committed_s=time.monotonic() - started,
+                         exclusive_s=snap.exclusive_s, blocked_s=blocked_s, committed_s=time.monotonic() - started,
                          reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
         self.save_s = time.monotonic() - started

@@ -6,8 +6,8 @@ client.
     Trainers(cfg) ─► BootstrapDataPlane.start()    train(sample_ids) ─► TrainerWorker reads rows from TQ
                  └─► TrainerWorker (Ray actor)                          (tokens, logprobs, advantages) ─► GRPO step
     load_data_plane_checkpoint(dir) ─► token       weights_ref() ─► ObjectRef of the new weights (weight sync)
-    (or start_fresh() ─► token)                    save(dir) ─► policy/ files + weights_sha256
-    load(policy dir) ─► weights_sha256
+    (or start_fresh() ─► token)                    begin_save(dir) ─► each rank's state copied, written behind
+    load(policy dir) ─► weights_sha256             finish_save() ─► weights_sha256 once every shard is written
 
 `Trainers` is what NeMo RL calls `TQPolicy`. It owns the bootstrap client: the only object that can restore
 TransferQueue or decide to start fresh, and it does so on the driver before any connect-only client exists
@@ -19,9 +19,10 @@ arguments); the driver closes it at the end.
 data-parallel ranks of one torch.distributed group (`grpo.sharding`; rank 0 is the named `<prefix>-trainer`, rank r
 `<prefix>-trainer-r`). Every call goes to all ranks in the same order (each actor runs its calls in the order they
 were sent, and every collective inside them needs all ranks): `train` gives each rank its contiguous part of the
-step's rows, `save` has every rank write its shard and returns only when all have (a rank that dies mid-save fails
-the save: no step), and what only one answer is wanted from (the weights, their checksum) comes from rank 0. A lost
-rank ends the attempt: the ranks' state is one, and it is in the checkpoint.
+step's rows; `begin_save` has every rank copy its state into host memory and write its shard in the background,
+and `finish_save` (in a thread of its own, beside training) answers only when all have written: a rank that dies
+mid-save fails the save, so no step. What only one answer is wanted from (the weights, their checksum) comes from
+rank 0. A lost rank ends the attempt: the ranks' state is one, and it is in the checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ __all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Train
 
 log = logging.getLogger(__name__)
 
+CHECKPOINT_THREAD = "checkpoint"
+"""The trainer worker's concurrency group for `finish_save`."""
 PARTITION = "rollouts"
 """The TransferQueue partition the rollouts live in."""
 TRAIN_FIELDS = ("tokens", "logprobs", "advantages")
@@ -74,6 +77,7 @@ class TrainerWorker:
             sharding.join(address, rank, world)
         self.trainer = trainer.Trainer(cfg, rank=rank, world=world)
         self.client: lifecycle.ConnectOnlyDataPlane | None = None
+        self.pending: trainer.PendingSave | None = None
 
     def attach(self, token: lifecycle.DataPlaneToken) -> None:
         """Connect to TransferQueue with the token of the restore (or fresh start) decision."""
@@ -108,10 +112,24 @@ class TrainerWorker:
         """SHA-256 of the current weights in canonical order."""
         return self.trainer.weights_sha256()
 
-    def save(self, directory: str) -> str:
-        """Write this rank's shard (and, on rank 0, the index) into `directory`; returns weights_sha256 (rank 0)."""
-        sha = self.trainer.save(directory)
-        self.crash.reach(f"rank{self.rank}_saved", self.trainer.version)  # written, not yet acknowledged
+    def begin_save(self, directory: str) -> None:
+        """Copy this rank's state into host memory and start writing its shard (and, on rank 0, the index) into
+        `directory` in the background; training may go on as soon as this returns."""
+        if self.pending is not None:
+            raise RuntimeError("a save began while the previous one was still being written")
+        self.pending = self.trainer.begin_save(directory)
+
+    def finish_save(self) -> str:
+        """Wait for the background write; weights_sha256 read back from the files (rank 0; "" on the others).
+        Runs in the actor's `checkpoint` thread, beside the training calls."""
+        pending = self.pending
+        if pending is None:
+            raise RuntimeError("no save is being written")
+        try:
+            sha = pending.finish()
+        finally:
+            self.pending = None
+        self.crash.reach(f"rank{self.rank}_saved", pending.version)  # written, not yet acknowledged
         return sha
 
     def load(self, directory: str, expected: Mapping[str, FileEntry] | None = None) -> str:
@@ -147,7 +165,11 @@ class Trainers:
         import ray
 
         self.cfg = cfg
-        worker_cls = ray.remote(num_cpus=0, max_restarts=0)(TrainerWorker)
+        # One thread runs the training calls in order (every collective needs all ranks in the same order); the
+        # `checkpoint` group's thread waits for a background write while training goes on.
+        worker_cls = ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={CHECKPOINT_THREAD: 1})(  # type: ignore[call-overload]
+            TrainerWorker
+        )
         world = cfg.trainer_workers
         where = {"num_gpus": num_gpus, **placement.on_head(head)}
         # The ranks run on the head, this driver's node: a port free here is one free there.
@@ -243,10 +265,16 @@ class Trainers:
         refs = [w.weights.remote() for w in self.workers]
         return refs[0]
 
-    async def save(self, directory: Path) -> str:
-        """Every rank writes its shard into `policy/`; returns weights_sha256 once all have (a rank that fails or
-        dies fails the save)."""
-        shas: list[str] = await asyncio.gather(*(w.save.remote(str(directory)) for w in self.workers))
+    async def begin_save(self, directory: Path) -> None:
+        """Every rank copies its state into host memory and starts writing its shard into `policy/`; returns once
+        all have copied (the time training is blocked by the policy's part of a save)."""
+        await asyncio.gather(*(w.begin_save.remote(str(directory)) for w in self.workers))
+
+    async def finish_save(self) -> str:
+        """weights_sha256 of what was written, once every rank's write is done (a rank that fails or dies fails the
+        save: it is never committed)."""
+        calls = [w.finish_save.options(concurrency_group=CHECKPOINT_THREAD).remote() for w in self.workers]
+        shas: list[str] = await asyncio.gather(*calls)
         return shas[0]
 
     async def weights_sha256(self) -> str:

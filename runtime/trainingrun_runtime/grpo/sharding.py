@@ -7,6 +7,9 @@
                                     the root; FSDP averages the ranks' gradients (gloo has no pre-scaled sum), so
                                     each rank's loss is N × its share of the whole batch's (`grpo.trainer`)
     save(dir, model, optimizer)  ─► dir/.metadata + __<rank>_0.distcp per rank: every rank writes its shard
+    save_async(...)              ─► the same, but only the copy into host memory blocks; the write runs in a
+                                    thread (its collectives on a gloo group of their own) while training goes on
+    read_weights(dir)            ─► the whole weights from the files, in one process (the checkpoint's checksum)
     load(dir, model, optimizer, expected)
                                  ─► any number of ranks reads a checkpoint written by any other number (DCP
                                     reshards); each file is opened through `files.open_checked` against the
@@ -26,6 +29,7 @@ import os
 import socket
 import warnings
 from collections.abc import Generator, Iterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,7 +50,18 @@ from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import files
 from trainingrun_runtime.storage.manifest import FileEntry
 
-__all__ = ["METADATA_FILE", "full_weights", "join", "load", "rendezvous", "save", "shard", "shard_file"]
+__all__ = [
+    "METADATA_FILE",
+    "full_weights",
+    "join",
+    "load",
+    "read_weights",
+    "rendezvous",
+    "save",
+    "save_async",
+    "shard",
+    "shard_file",
+]
 
 METADATA_FILE = ".metadata"
 """DCP's index of a checkpoint (written by rank 0); the shards are `shard_file(rank)`."""
@@ -65,10 +82,24 @@ def rendezvous(ip: str) -> str:
     return f"tcp://{ip}:{port}"
 
 
+_checkpoint_group: dist.ProcessGroup | None = None
+"""A gloo group of the same ranks for the background writes' collectives (`save_async`): they run in another thread
+while training's collectives run on the default group, and two threads must never share one group."""
+
+
+_stager: DefaultStager | None = None
+"""The host copy of this process's state for background saves (one save at a time: `driver.checkpoints`)."""
+
+
 def join(address: str, rank: int, world: int) -> None:
-    """Join the trainer ranks' process group (blocks until all `world` ranks have joined)."""
+    """Join the trainer ranks' process group (blocks until all `world` ranks have joined), and the checkpoint group
+    beside it."""
+    global _checkpoint_group
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
+    group = dist.new_group(backend="gloo", timeout=JOIN_TIMEOUT)
+    assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+    _checkpoint_group = group
 
 
 def shard(model: Any) -> None:
@@ -94,6 +125,40 @@ def save(directory: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
     writer = FileSystemWriter(directory, sync_files=False)  # the commit fsyncs every file of the bundle
     with _alone_is_meant():
         state_dict_saver.save({"model": weights, "optimizer": optim}, storage_writer=writer, no_dist=not _grouped())
+
+
+def save_async(directory: Path, model: Any, optimizer: torch.optim.Optimizer) -> Future[None]:
+    """`save`, with only the copy of this rank's state into host memory done now: the write runs in a thread of
+    this process (its collectives on the checkpoint group) while the caller trains on. Wait for the returned
+    future before the files are anything; the copy is what was there when this returned."""
+    global _stager
+    if _stager is None:  # kept: it keeps the host copy's buffers, so a save after the first allocates nothing
+        _stager = DefaultStager(StagingOptions(False, False, False, False))  # no pinning: CPU tensors here
+    weights, optim = get_state_dict(model, optimizer)
+    writer = FileSystemWriter(directory, sync_files=False)
+    with _alone_is_meant():
+        future = state_dict_saver.async_save(
+            {"model": weights, "optimizer": optim},
+            storage_writer=writer,
+            process_group=_checkpoint_group,
+            async_stager=_stager,
+            no_dist=not _grouped(),
+        )
+    return cast("Future[None]", future)
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The whole weights as the files in `directory` hold them, gathered from every rank's shard in this one
+    process (no collective): what a restore would load, on any number of ranks."""
+    reader = FileSystemReader(directory)
+    meta = reader.read_metadata()
+    weights: dict[str, torch.Tensor] = {}
+    for key, item in meta.state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
+            weights[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
+    with _alone_is_meant():
+        state_dict_loader.load({"model": weights}, storage_reader=FileSystemReader(directory), no_dist=True)
+    return weights
 
 
 def load(

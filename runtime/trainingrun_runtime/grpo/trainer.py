@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -39,7 +40,15 @@ from trainingrun_runtime.grpo import objective, policy, sharding, workload
 from trainingrun_runtime.storage import files
 from trainingrun_runtime.storage.manifest import FileEntry
 
-__all__ = ["FORMATS", "LEGACY_FORMAT", "POLICY_FORMAT", "Trainer", "deterministic", "weights_sha256"]
+__all__ = [
+    "FORMATS",
+    "LEGACY_FORMAT",
+    "POLICY_FORMAT",
+    "PendingSave",
+    "Trainer",
+    "deterministic",
+    "weights_sha256",
+]
 
 POLICY_FORMAT = "hf-dcp/1"
 """What `policy/` holds, in each manifest's `extra.policy_format`: the state dicts of the Hugging Face model the
@@ -71,6 +80,21 @@ def weights_sha256(state: Mapping[str, torch.Tensor]) -> str:
         h.update(f"{name}\x1f{t.dtype}\x1f{tuple(t.shape)}\x1e".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+class PendingSave:
+    """A `Trainer.begin_save` whose write may still be going on."""
+
+    def __init__(self, path: Path, future: Future[None], rank: int, version: int) -> None:
+        self.path, self._future, self._rank = path, future, rank
+        self.version = version
+        """The trainer's version when the save began: the state being written."""
+
+    def finish(self) -> str:
+        """Wait for the write (re-raising its failure); weights_sha256 of the weights the files hold, read back
+        from them (rank 0; `""` on the others)."""
+        self._future.result()
+        return weights_sha256(sharding.read_weights(self.path)) if self._rank == 0 else ""
 
 
 class Trainer:
@@ -173,6 +197,16 @@ class Trainer:
         if self.rank == 0:
             (path / STATE_FILE).write_text(json.dumps({"version": self.version, "trainer_workers": self.world}))
         return self.weights_sha256()
+
+    def begin_save(self, directory: str | os.PathLike[str]) -> PendingSave:
+        """`save`, but returning once this rank's state is copied into host memory: the write goes on in the
+        background while the caller trains (`PendingSave.finish` waits for it). All ranks call it together."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        future = sharding.save_async(path, self.model, self.optimizer)
+        if self.rank == 0:
+            (path / STATE_FILE).write_text(json.dumps({"version": self.version, "trainer_workers": self.world}))
+        return PendingSave(path, future, self.rank, self.version)
 
     def load(self, directory: str | os.PathLike[str], expected: Mapping[str, FileEntry] | None = None) -> str:
         """Read what `save` wrote, by any number of ranks (or one `LEGACY_FORMAT` bundle, on one rank); return

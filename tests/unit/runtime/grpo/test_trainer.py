@@ -100,3 +100,20 @@ def test_a_policy_loaded_with_the_manifests_entries_is_the_one_saved(tmp_path: P
     sha = tr.save(tmp_path)
     expected = {p.name: files.hash_file(p) for p in tmp_path.iterdir()}
     assert trainer.Trainer(CFG).load(tmp_path, expected) == sha
+
+
+def test_a_background_save_holds_the_state_of_when_it_began_while_training_goes_on(tmp_path: Path) -> None:
+    """`begin_save` copies the state into host memory and returns; the write goes on while the next step trains
+    and changes every weight. What lands on disk, and the checksum read back from it, are the state at the save."""
+    tr = trainer.Trainer(CFG)
+    _train(tr, range(1))
+    at_save = tr.weights_sha256()
+    pending = tr.begin_save(tmp_path)
+    _train(tr, range(1, 2))
+    assert tr.weights_sha256() != at_save
+    assert pending.finish() == at_save
+    again = trainer.Trainer(CFG)
+    assert again.load(tmp_path) == at_save
+    assert again.version == 1
+    _train(again, range(1, 2))
+    assert again.weights_sha256() == tr.weights_sha256()  # the optimizer state was the save's too
