@@ -51,6 +51,7 @@ __all__ = [
     "MATH_FIELDS",
     "MAX_SEED",
     "MAX_STEPS",
+    "TRAINER_RESOURCE",
     "CheckpointConfig",
     "DataConfig",
     "GRPOConfig",
@@ -62,6 +63,7 @@ __all__ = [
     "TaskConfig",
     "TextGenerationConfig",
     "TrainerConfig",
+    "TrainersConfig",
     "config_hash",
     "math_diff",
     "math_fields",
@@ -500,13 +502,34 @@ class GenerationConfig(_Model):
     )
 
 
+TRAINER_RESOURCE = "trainingrun_trainer"
+"""The Ray custom resource the operator gives the nodes of a worker group of role `trainer` (one unit a node); each
+trainer rank asks for one unit when the run has such a group, so the ranks run there, one a pod."""
+
+
+class TrainersConfig(_Model):
+    """Where the trainer ranks run (set by the operator, not the user)."""
+
+    on_worker_groups: bool = Field(
+        default=False,
+        description=(
+            "The ranks run on the nodes of the worker groups of role trainer (one a node, each asking for one unit "
+            "of the trainer resource), not on the head; a rank's node lost ends the attempt as TrainerLost."
+        ),
+    )
+
+
 class RuntimeConfig(_Model):
-    """Everything the driver needs: `{"trainer", "checkpoint", "generation"}` (the `--config-json` value)."""
+    """Everything the driver needs: `{"trainer", "checkpoint", "generation", "trainers"}` (the `--config-json`
+    value)."""
 
     trainer: TrainerConfig = Field(default=TrainerConfig(), description="The TrainingRun's spec.trainer.")
     checkpoint: CheckpointConfig = Field(default=CheckpointConfig(), description="Save period and retention.")
     generation: GenerationConfig = Field(
         default=GenerationConfig(), description="Where generation runs; never part of the config hash."
+    )
+    trainers: TrainersConfig = Field(
+        default=TrainersConfig(), description="Where the trainer ranks run; never part of the config hash."
     )
 
 

@@ -65,6 +65,9 @@ class Exit(enum.IntEnum):
     """The checkpoint's math differs from the config (`ConfigMismatch:`, naming the fields old -> new)."""
     RESTORE_INTERRUPTED = 7
     """The restore failed through no fault of the step: I/O, Ray, a timeout (`RestoreInterrupted:`)."""
+    TRAINER_LOST = 8
+    """A trainer rank's node left the Ray cluster (a trainer worker group's pod lost): the ranks' state is one, so
+    the attempt ends, and the next resumes from the newest checkpoint (`TrainerLost:`)."""
 
 
 class Prefix(enum.StrEnum):
@@ -77,6 +80,7 @@ class Prefix(enum.StrEnum):
     PREEMPTED = "Preempted:"
     CONFIG_MISMATCH = "ConfigMismatch:"
     RESTORE_INTERRUPTED = "RestoreInterrupted:"
+    TRAINER_LOST = "TrainerLost:"
 
     @property
     def code(self) -> Exit:
@@ -93,6 +97,7 @@ _CODE_OF: Final[Mapping[Prefix, Exit]] = MappingProxyType(
         Prefix.PREEMPTED: Exit.PREEMPTED,
         Prefix.CONFIG_MISMATCH: Exit.CONFIG_MISMATCH,
         Prefix.RESTORE_INTERRUPTED: Exit.RESTORE_INTERRUPTED,
+        Prefix.TRAINER_LOST: Exit.TRAINER_LOST,
     }
 )
 

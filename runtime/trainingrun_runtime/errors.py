@@ -2,9 +2,9 @@
 
 Raised by the storage, data-plane, rollout and driver code; the entrypoint maps them to exit codes
 (`contract.Exit`: a restore that failed verification, and the index rebuild's `PreflightError` / `DigestError`,
-are RESTORE_FAILED, a `ConfigMismatch` CONFIG_MISMATCH, a `RestoreInterrupted` RESTORE_INTERRUPTED, `GenerationLost`
-GENERATION_LOST, `Superseded` FAILED naming the owner, anything else FAILED; see `driver.entrypoint`), which the
-operator classifies. Imports nothing outside the standard library.
+are RESTORE_FAILED, a `ConfigMismatch` CONFIG_MISMATCH, a `RestoreInterrupted` RESTORE_INTERRUPTED,
+`GenerationLost` GENERATION_LOST, `TrainerLost` TRAINER_LOST, `Superseded` FAILED naming the owner, anything else
+FAILED; see `driver.entrypoint`), which the operator classifies. Imports nothing outside the standard library.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "RestoreRefused",
     "RewardFailed",
     "Superseded",
+    "TrainerLost",
     "TrainingRunError",
     "UnstorableValue",
 ]
@@ -72,6 +73,10 @@ class ConfigMismatch(TrainingRunError):
 
 class GenerationLost(TrainingRunError):
     """No generation worker came back within the bound: the attempt ends (`Exit.GENERATION_LOST`); the next resumes."""
+
+
+class TrainerLost(TrainingRunError):
+    """A trainer rank's node left the cluster: the attempt ends (`Exit.TRAINER_LOST`); the next resumes."""
 
 
 class LedgerError(TrainingRunError):

@@ -164,3 +164,28 @@ def test_generation_workers_are_spread_over_the_generation_nodes(cluster: ray.cl
         ray.shutdown()
     assert set(placed) == {"spread-gen-0", "spread-gen-1"}, placed
     assert set(placed.values()) == nodes, f"both generation workers on one node: {placed}"
+
+
+TRAINER_NODE = {"num_cpus": 1, "resources": {config.TRAINER_RESOURCE: 1}}
+
+
+def test_trainer_ranks_run_one_a_trainer_node_and_losing_one_ends_the_attempt_with_exit_code_8(
+    tmp_path: Path, cluster: ray.cluster_utils.Cluster
+) -> None:
+    """Two trainer ranks on the nodes of a worker group of role trainer (what the operator gives its pods: one
+    unit of `config.TRAINER_RESOURCE` each), one a node; the rest of the run state on the head. Removing one of
+    those nodes ends the attempt with `TrainerLost` (code 8), which the operator treats as a preemption."""
+    cluster.add_node(**GENERATION_NODE)
+    ranks = [cluster.add_node(**TRAINER_NODE) for _ in range(2)]
+    conf = json.loads(json.dumps(CONFIG))
+    conf["trainer"]["trainerWorkers"] = 2
+    conf["trainers"] = {"onWorkerGroups": True}
+    driver = run_driver(tmp_path, "ranks", cluster, conf, hold_at="trained@3~15")
+    driver.wait_for_marker("trained", 3, timeout=400, held=True)
+    where = actor_nodes(cluster, "ranks-a1")
+    assert {where["ranks-a1-trainer"], where["ranks-a1-trainer-1"]} == {n.node_id for n in ranks}, where
+    state = {name: node for name, node in where.items() if "-gen-" not in name and "-trainer" not in name}
+    assert set(state.values()) == {cluster.head_node.node_id}, state
+    cluster.remove_node(ranks[1], allow_graceful=False)
+    assert driver.wait(300) == contract.Exit.TRAINER_LOST, driver.output()[-3000:]
+    assert contract.said_after(contract.Prefix.TRAINER_LOST, driver.output()), driver.output()[-3000:]

@@ -31,6 +31,7 @@ verdict):
    CONFIG_MISMATCH -> InvalidSpec (permanent; the message names the fields from the driver's line),
    RESTORE_INTERRUPTED -> InfrastructureFailure, RESTORE_FAILED -> FailedRestore,
    GENERATION_LOST (no generation worker came back within workerReplacementSeconds) -> Preempted,
+   TRAINER_LOST (a trainer rank's pod, a worker group of role trainer, left the cluster) -> Preempted,
    PREEMPTED (it saved on the head's notice and stopped) -> Preempted,
    BAD_CONFIG -> ApplicationFailure (permanent), else -> ApplicationFailure
 5. KubeRay's verdict: SUCCEEDED -> success; SubmissionFailed, ValidationFailed, STOPPED,
@@ -84,7 +85,7 @@ _IMAGE_ERRORS = frozenset(
 _JOB_ENDED = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 _DEPLOYMENT_ENDED = frozenset({"Complete", "Failed", "Suspending", "Suspended"})
 _SOUGHT = (Prefix.CONFIG_MISMATCH, Prefix.RESTORE_INTERRUPTED, Prefix.RESTORE_FAILED, Prefix.GENERATION_LOST,
-           Prefix.PREEMPTED)  # fmt: skip
+           Prefix.TRAINER_LOST, Prefix.PREEMPTED)  # fmt: skip
 """The prefixes that classify an attempt without an exit code, the first found deciding: a driver of an older
 version wrote "RestoreFailed: ConfigMismatch: ..." for a config mismatch."""
 
@@ -302,6 +303,12 @@ def _from_exit_code(code: int, message: str) -> Outcome:
             FailureClass.PREEMPTED,
             "no generation worker came back within spec.restartPolicy.workerReplacementSeconds "
             f"(the driver exited with code {code}, GenerationLost)",
+        )
+    if code == Exit.TRAINER_LOST or Prefix.TRAINER_LOST in message:
+        return Outcome(
+            FailureClass.PREEMPTED,
+            "a trainer rank's pod (a worker group of role trainer) left the Ray cluster; the next attempt resumes "
+            f"from the newest checkpoint (the driver exited with code {code}, TrainerLost)",
         )
     if code == Exit.PREEMPTED or Prefix.PREEMPTED in message:
         return Outcome(

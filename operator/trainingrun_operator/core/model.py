@@ -226,10 +226,12 @@ class RayGroup(_Wire):
 
 
 class WorkerGroup(_Wire):
-    """A worker group: `replicas` identical pods that run generation workers only (losing one costs no restart)."""
+    """A worker group: `replicas` identical pods that run generation workers (role generation: losing one costs no
+    restart) or the trainer ranks, one a pod (role trainer: losing one ends the attempt as a preemption)."""
 
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=20)
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    role: Literal["generation", "trainer"] = "generation"
     resources: Resources | None = None
     ray_start_params: RayStartParams | None = Field(default=None, max_length=64)
     node_selector: dict[str, LabelValue] | None = Field(default=None, max_length=64)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainingrun_operator.core import model, naming, podtemplate, queueing, validation
-from trainingrun_runtime.config import GENERATION_RESOURCE
+from trainingrun_runtime.config import GENERATION_RESOURCE, TRAINER_RESOURCE
 
 __all__ = [
     "CHECKPOINT_MOUNT",
@@ -139,10 +139,12 @@ def _resources(resources: model.Resources | None) -> dict[str, Any]:
 
 
 def _worker_start_params(group: model.WorkerGroup) -> dict[str, str]:
-    """The group's `ray start` parameters with the generation resource merged into its `resources` JSON, written
-    as KubeRay writes that parameter itself (single-quoted JSON). The spec was checked (`validation.spec_problem`)."""
+    """The group's `ray start` parameters with its role's resource merged into its `resources` JSON (the generation
+    resource, or one unit of the trainer resource: one rank a pod), written as KubeRay writes that parameter itself
+    (single-quoted JSON). The spec was checked (`validation.spec_problem`)."""
     params = dict(group.ray_start_params or {})
-    offered = {**validation.offered_resources(params), GENERATION_RESOURCE: GENERATION_SLOTS}
+    role = {GENERATION_RESOURCE: GENERATION_SLOTS} if group.role == "generation" else {TRAINER_RESOURCE: 1}
+    offered = {**validation.offered_resources(params), **role}
     params["resources"] = "'" + json.dumps(offered, sort_keys=True, separators=(",", ":")) + "'"
     return params
 

@@ -57,7 +57,7 @@ import pydantic
 import pydantic_core
 
 from trainingrun_operator.core import allowance, model, podtemplate
-from trainingrun_runtime.config import GENERATION_RESOURCE, RuntimeConfig
+from trainingrun_runtime.config import GENERATION_RESOURCE, TRAINER_RESOURCE, RuntimeConfig
 
 __all__ = [
     "HEAD_STATE_CPUS",
@@ -68,6 +68,7 @@ __all__ = [
     "run_problems",
     "runtime_config",
     "spec_problem",
+    "trainer_pods",
 ]
 
 HEAD_STATE_CPUS = 3
@@ -109,8 +110,14 @@ def problems(
 
 
 def on_worker_groups(spec: model.TrainingRunSpec) -> bool:
-    """The Ray cluster has worker pods (a worker group with replicas > 0): generation runs only there."""
-    return any(group.replicas > 0 for group in spec.ray.workers or [])
+    """The Ray cluster has generation pods (a worker group of role generation with replicas > 0): generation runs
+    only there."""
+    return any(group.replicas > 0 and group.role == "generation" for group in spec.ray.workers or [])
+
+
+def trainer_pods(spec: model.TrainingRunSpec) -> int:
+    """The pods of the worker groups of role trainer: the trainer ranks run there, one a pod (0: on the head)."""
+    return sum(group.replicas for group in spec.ray.workers or [] if group.role == "trainer")
 
 
 def runtime_config(spec: model.TrainingRunSpec, *, local: bool = False) -> RuntimeConfig:
@@ -131,6 +138,7 @@ def runtime_config(spec: model.TrainingRunSpec, *, local: bool = False) -> Runti
                 "onWorkerGroups": on_worker_groups(spec) and not local,
                 "replacementSeconds": spec.restart_policy.worker_replacement_seconds,
             },
+            "trainers": {"onWorkerGroups": trainer_pods(spec) > 0 and not local},
         }
     )
 
@@ -296,10 +304,30 @@ def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
     for index, group in enumerate(spec.ray.workers or []):
         at = ("spec", "ray", "workers", index)
         found += _start_param_problems(at, group.ray_start_params)
-        whose = f"worker group {group.name}; the operator adds {GENERATION_RESOURCE} to it"
+        added = GENERATION_RESOURCE if group.role == "generation" else TRAINER_RESOURCE
+        whose = f"worker group {group.name}; the operator adds {added} to it"
         resources = _resources_problem(at, group.ray_start_params, whose)
         found += [resources] if resources is not None else []
+    found += _trainer_pods_problems(spec)
     return found
+
+
+def _trainer_pods_problems(spec: model.TrainingRunSpec) -> list[Problem]:
+    """Worker groups of role trainer hold one rank a pod: as many pods as spec.trainer.trainerWorkers at least."""
+    pods = trainer_pods(spec)
+    if not any(group.role == "trainer" for group in spec.ray.workers or []):
+        return []
+    try:
+        ranks = runtime_config(spec).trainer.trainer_workers
+    except pydantic.ValidationError:  # spec.trainer's own problems are reported on their own
+        return []
+    if pods >= ranks:
+        return []
+    why = (
+        f"{ranks} trainer ranks (spec.trainer.trainerWorkers) need as many pods in the worker groups of role "
+        f"trainer, one rank a pod; they have {pods}: raise their replicas, or lower trainerWorkers"
+    )
+    return [Problem(("spec", "trainer", "trainerWorkers"), why, why)]
 
 
 # ------------------------------------------------------------------------------------------ pod templates

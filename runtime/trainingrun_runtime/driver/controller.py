@@ -227,6 +227,9 @@ class SingleController:
         notice.listen(self.args.root, self.args.run, self.args.attempt)  # the head's preStop hook waits for an answer
         try:
             await _supervise(tasks, until="train-pump")
+        except Exception as e:  # a trainer rank lost with its node fails whatever call came first: name it
+            await self.args.trainers.raise_if_lost(e)
+            raise
         finally:
             notice.stop_listening(self.args.root, self.args.run, self.args.attempt)
             self.attached.fleet.stop()

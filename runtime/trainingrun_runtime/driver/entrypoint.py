@@ -8,6 +8,7 @@
         neither: I/O, Ray, a timeout (RestoreInterrupted) ──► the cause's traceback, "RestoreInterrupted: …",
                                                               Exit.RESTORE_INTERRUPTED
     actor.run() ──GenerationLost──► stderr "GenerationLost: …", Exit.GENERATION_LOST (no generation worker came back)
+    actor.run() ──TrainerLost─────► stderr "TrainerLost: …", Exit.TRAINER_LOST (a trainer rank's node left the cluster)
                ──the index rebuild failed (PreflightError, DigestError)──► as a failed verification: RESTORE_FAILED
                ──stopped on the head's preemption notice──► report, stderr "Preempted: …", Exit.PREEMPTED
                ──error──► Exit.FAILED (its original error is logged)
@@ -56,6 +57,7 @@ from trainingrun_runtime.errors import (
     RestoreInterrupted,
     RewardFailed,
     Superseded,
+    TrainerLost,
 )
 from trainingrun_runtime.storage import checksum
 
@@ -212,6 +214,10 @@ def main(argv: list[str] | None = None) -> Exit:
         _shutdown_ray()
         print(contract.line(Prefix.GENERATION_LOST, e), file=sys.stderr)
         return Exit.GENERATION_LOST
+    except TrainerLost as e:  # a rank's node gone during the restore
+        _shutdown_ray()
+        print(contract.line(Prefix.TRAINER_LOST, e), file=sys.stderr)
+        return Exit.TRAINER_LOST
     import ray
 
     try:
@@ -223,6 +229,11 @@ def main(argv: list[str] | None = None) -> Exit:
             _close(built)
             print(contract.line(Prefix.GENERATION_LOST, cause), file=sys.stderr)
             return Exit.GENERATION_LOST
+        lost = restore.root_cause(cause)  # Ray wraps it once per actor it passed: the controller
+        if isinstance(lost, TrainerLost):
+            _close(built)
+            print(contract.line(Prefix.TRAINER_LOST, lost), file=sys.stderr)
+            return Exit.TRAINER_LOST
         spec_error = restore.root_cause(cause)  # Ray wraps it once per actor it passed: generator, controller
         if isinstance(spec_error, InvalidSpec | RewardFailed):  # a reward function that raised on a sample, say
             _close(built)

@@ -175,14 +175,18 @@ def setup_single_controller(opts: DriverOptions, ev: events.EventLog) -> Setup:
         import ray
 
         nodes = ray.nodes()  # type: ignore[no-untyped-call]
-        devices = placement.gpus(nodes, head, opts.config.generation, tcfg.generation_workers, tcfg.trainer_workers)
+        devices = placement.gpus(
+            nodes, head, opts.config.generation, tcfg.generation_workers, tcfg.trainer_workers, opts.config.trainers
+        )
         generation_options = placement.generation(opts.config.generation, devices.generator)
         generators: list[Any] = []
         _on_failure(undo, "the generation workers", lambda: _kill(generators))
         for i in range(tcfg.generation_workers):
             generators.append(generation_workers.spawn(tcfg, f"{prefix}-gen-{i}", generation_options))
         crash = crashpoints.CrashPoints.from_env(Path(opts.root) / opts.run / "crash-markers")
-        the_trainers = trainers.Trainers(tcfg, prefix, head, num_gpus=devices.trainer, crash=crash)
+        the_trainers = trainers.Trainers(
+            tcfg, prefix, head, num_gpus=devices.trainer, trainers=opts.config.trainers, crash=crash
+        )
         _on_failure(undo, "the trainer worker and TransferQueue", the_trainers.close)
         ev.emit("tq_started")
         rollout = restore.Rollout.fresh(tcfg, workload.dataset_size(tcfg, data))

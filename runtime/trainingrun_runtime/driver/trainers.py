@@ -38,6 +38,7 @@ import torch
 from trainingrun_runtime import config
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.driver import crashpoints, placement
+from trainingrun_runtime.errors import TrainerLost
 from trainingrun_runtime.grpo import sharding, trainer, workload
 from trainingrun_runtime.storage.manifest import FileEntry
 
@@ -45,6 +46,9 @@ __all__ = ["PARTITION", "STORAGE_UNITS", "TRAIN_FIELDS", "TrainerWorker", "Train
 
 log = logging.getLogger(__name__)
 
+LOST_WITHIN_S = 90.0
+"""How long `Trainers.raise_if_lost` waits for Ray to tell a lost rank from a live one (a node's death is known once
+its heartbeats have been missed for a while)."""
 CHECKPOINT_THREAD = "checkpoint"
 """The trainer worker's concurrency group for `finish_save`."""
 PARTITION = "rollouts"
@@ -63,21 +67,35 @@ class TrainerWorker:
         cfg: config.TrainerConfig,
         rank: int = 0,
         world: int = 1,
-        address: str | None = None,
         crash: crashpoints.CrashPoints | None = None,
     ) -> None:
-        """Join the ranks' process group at `address` (rank 0's `rendezvous`; None with one rank), then build the
-        trainer: the first weights, sharded over the ranks."""
-        self.rank = rank
+        self.cfg, self.rank, self.world = cfg, rank, world
         self.crash = crash or crashpoints.CrashPoints(None, ".")
         trainer.deterministic()
-        if world > 1:
-            if address is None:
-                raise ValueError("several trainer ranks need the address of rank 0's rendezvous")
-            sharding.join(address, rank, world)
-        self.trainer = trainer.Trainer(cfg, rank=rank, world=world)
+        self.trainer: trainer.Trainer | None = None
         self.client: lifecycle.ConnectOnlyDataPlane | None = None
         self.pending: trainer.PendingSave | None = None
+
+    def address(self) -> str:
+        """A free `tcp://ip:port` on this rank's node, for every rank to `join` at (asked of rank 0)."""
+        import ray
+
+        return sharding.rendezvous(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+
+    def join(self, address: str | None) -> None:
+        """Join the ranks' process group at `address` (rank 0's; None with one rank), then build the trainer: the
+        first weights, sharded over the ranks."""
+        if self.world > 1:
+            if address is None:
+                raise ValueError("several trainer ranks need the address of rank 0's rendezvous")
+            sharding.join(address, self.rank, self.world)
+        self.trainer = trainer.Trainer(self.cfg, rank=self.rank, world=self.world)
+
+    @property
+    def _trainer(self) -> trainer.Trainer:
+        if self.trainer is None:
+            raise RuntimeError("trainer worker has not joined its ranks")
+        return self.trainer
 
     def attach(self, token: lifecycle.DataPlaneToken) -> None:
         """Connect to TransferQueue with the token of the restore (or fresh start) decision."""
@@ -87,7 +105,7 @@ class TrainerWorker:
         """Read the batch's rows (in the given order) and take one training step."""
         if self.client is None:
             raise RuntimeError("trainer worker is not attached to the data plane")
-        variable = workload.variable_rows(self.trainer.cfg)
+        variable = workload.variable_rows(self._trainer.cfg)
         rows = self.client.read_rows(partition, sample_ids, TRAIN_FIELDS + (workload.ROW_FIELDS if variable else ()))
         tokens, logprobs, advantages = (rows[f] for f in TRAIN_FIELDS)
         assert isinstance(tokens, torch.Tensor) and isinstance(logprobs, torch.Tensor)
@@ -96,28 +114,33 @@ class TrainerWorker:
         assert mask is None or isinstance(mask, torch.Tensor)
         assert prompt_lens is None or isinstance(prompt_lens, torch.Tensor)
         trainer.deterministic()  # TransferQueue's reads reset torch's thread count; put it back
-        stats = self.trainer.train_step(tokens, logprobs, advantages, mask, prompt_lens)
-        stats["version"] = float(self.trainer.version)
+        stats = self._trainer.train_step(tokens, logprobs, advantages, mask, prompt_lens)
+        stats["version"] = float(self._trainer.version)
         return stats
 
     def weights(self) -> dict[str, torch.Tensor]:
         """A copy of the current weights (returned into the object store for the generators)."""
-        return self.trainer.weights()
+        return self._trainer.weights()
 
     def version(self) -> int:
         """Training steps taken."""
-        return self.trainer.version
+        return self._trainer.version
 
     def weights_sha256(self) -> str:
         """SHA-256 of the current weights in canonical order."""
-        return self.trainer.weights_sha256()
+        return self._trainer.weights_sha256()
+
+    def alive(self) -> bool:
+        """True: the rank's process answers (asked in its `checkpoint` thread, which a hung collective leaves
+        free)."""
+        return True
 
     def begin_save(self, directory: str) -> None:
         """Copy this rank's state into host memory and start writing its shard (and, on rank 0, the index) into
         `directory` in the background; training may go on as soon as this returns."""
         if self.pending is not None:
             raise RuntimeError("a save began while the previous one was still being written")
-        self.pending = self.trainer.begin_save(directory)
+        self.pending = self._trainer.begin_save(directory)
 
     def finish_save(self) -> str:
         """Wait for the background write; weights_sha256 read back from the files (rank 0; "" on the others).
@@ -135,7 +158,7 @@ class TrainerWorker:
     def load(self, directory: str, expected: Mapping[str, FileEntry] | None = None) -> str:
         """Load policy files, each checked against `expected` as it is read; returns weights_sha256 of what was
         loaded (`trainer.Trainer.load`)."""
-        return self.trainer.load(directory, expected)
+        return self._trainer.load(directory, expected)
 
 
 def rank_rows(rows: Sequence[str], rank: int, world: int) -> list[str]:
@@ -155,6 +178,7 @@ class Trainers:
         *,
         storage_units: int = STORAGE_UNITS,
         num_gpus: int = 0,
+        trainers: config.TrainersConfig | None = None,
         crash: crashpoints.CrashPoints | None = None,
     ) -> None:
         """Start the trainer worker and TransferQueue on the Ray node `head` (`placement`: run state lives there).
@@ -171,22 +195,22 @@ class Trainers:
             TrainerWorker
         )
         world = cfg.trainer_workers
-        where = {"num_gpus": num_gpus, **placement.on_head(head)}
-        # The ranks run on the head, this driver's node: a port free here is one free there.
-        address = None
-        if world > 1:
-            address = sharding.rendezvous(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        trainers = trainers or config.TrainersConfig()
+        self.on_worker_groups = trainers.on_worker_groups
+        where = placement.trainer(trainers, head, num_gpus)
 
         def rank(r: int) -> Any:
             name = f"{name_prefix}-trainer" if r == 0 else f"{name_prefix}-trainer-{r}"
-            return worker_cls.options(name=name, **where).remote(cfg, r, world, address, crash)
+            return worker_cls.options(name=name, **where).remote(cfg, r, world, crash)
 
         self.workers: list[Any] = []
         try:
-            self.workers.extend(rank(r) for r in range(world))
+            self.workers.extend(rank(r) for r in range(world))  # their processes start while TransferQueue does
             self.data_plane: lifecycle.BootstrapDataPlane | None = lifecycle.BootstrapDataPlane.start(
                 storage_units=storage_units, node_id=head
             )
+            address = ray.get(self.workers[0].address.remote()) if world > 1 else None
+            self._joined = [w.join.remote(address) for w in self.workers]  # awaited before the ranks attach
         except BaseException:
             self._stop_workers()
             raise
@@ -211,28 +235,56 @@ class Trainers:
         """Restore TransferQueue from `directory` through the bootstrap client, each file checked against
         `expected` by the process that reads it (`lifecycle.BootstrapDataPlane.load_checkpoint`); attach the
         worker after."""
-        import ray
 
         restored = self._bootstrap().load_checkpoint(directory, expected)
-        ray.get([w.attach.remote(restored.token) for w in self.workers])
+        self._attach(restored.token)
         return restored
 
     def start_fresh(self) -> lifecycle.DataPlaneToken:
         """Decide there is nothing to restore; attach the worker."""
-        import ray
 
         token = self._bootstrap().start_fresh()
-        ray.get([w.attach.remote(token) for w in self.workers])
+        self._attach(token)
         return token
+
+    def _attach(self, token: lifecycle.DataPlaneToken) -> None:
+        """Every rank has joined (or its failure is raised here), then attaches with the token."""
+        self._get_all(self._joined)
+        self._get_all([w.attach.remote(token) for w in self.workers])
+
+    def _get_all(self, refs: list[Any]) -> list[Any]:
+        """Every rank's answer to one call, each awaited even when another failed (`_raise_first`)."""
+        import ray
+
+        answers: list[Any] = []
+        errors: list[BaseException] = []
+        for ref in refs:
+            try:
+                answers.append(ray.get(ref))
+            except Exception as e:
+                errors.append(e)
+        self._raise_first(errors)
+        return answers
+
+    def _raise_first(self, errors: list[BaseException]) -> None:
+        """Raise the ranks' failure, if any. When the ranks run on worker groups, a rank whose actor died (its node
+        left the cluster) is TrainerLost, whatever the other ranks said first: the survivors' collectives fail too
+        (a peer closed the connection), and only the dead rank says why."""
+        if not errors:
+            return
+        import ray
+
+        lost = next((e for e in errors if isinstance(e, ray.exceptions.RayActorError)), None)
+        if lost is not None and self.on_worker_groups:
+            raise TrainerLost(f"a trainer rank was lost with its node: {lost}") from lost
+        raise errors[0]
 
     def load(self, directory: Path, expected: Mapping[str, FileEntry] | None = None) -> str:
         """Load weights and optimizer state from a bundle's `policy/` onto every rank (written by any number of
         ranks: DCP reshards), each file checked against `expected` (the manifest's entries) in the process that
         reads it; returns weights_sha256 (rank 0's answer)."""
-        import ray
-
         entries = None if expected is None else dict(expected)
-        shas: list[str] = ray.get([w.load.remote(str(directory), entries) for w in self.workers])
+        shas: list[str] = self._get_all([w.load.remote(str(directory), entries) for w in self.workers])
         return shas[0]
 
     def close(self) -> None:
@@ -256,7 +308,7 @@ class Trainers:
         """One training step on the rows `sample_ids`, each rank on its part (`rank_rows`); the step's stats."""
         world = len(self.workers)
         calls = [w.train.remote(partition, rank_rows(sample_ids, r, world)) for r, w in enumerate(self.workers)]
-        stats: list[dict[str, float]] = await asyncio.gather(*calls)
+        stats: list[dict[str, float]] = await self._all(calls)
         return stats[0]
 
     def weights_ref(self) -> Any:
@@ -268,16 +320,40 @@ class Trainers:
     async def begin_save(self, directory: Path) -> None:
         """Every rank copies its state into host memory and starts writing its shard into `policy/`; returns once
         all have copied (the time training is blocked by the policy's part of a save)."""
-        await asyncio.gather(*(w.begin_save.remote(str(directory)) for w in self.workers))
+        await self._all([w.begin_save.remote(str(directory)) for w in self.workers])
 
     async def finish_save(self) -> str:
         """weights_sha256 of what was written, once every rank's write is done (a rank that fails or dies fails the
         save: it is never committed)."""
         calls = [w.finish_save.options(concurrency_group=CHECKPOINT_THREAD).remote() for w in self.workers]
-        shas: list[str] = await asyncio.gather(*calls)
+        shas: list[str] = await self._all(calls)
         return shas[0]
 
     async def weights_sha256(self) -> str:
         """weights_sha256 of the trainer's current weights."""
-        shas: list[str] = await asyncio.gather(*(w.weights_sha256.remote() for w in self.workers))
+        shas: list[str] = await self._all([w.weights_sha256.remote() for w in self.workers])
         return shas[0]
+
+    async def raise_if_lost(self, error: BaseException) -> None:
+        """TrainerLost (from `error`) if a rank's actor is gone, when the ranks run on worker groups: a rank lost
+        with its node shows first as the survivors' failed collectives (a peer closed the connection), in whatever
+        call the controller was making, while Ray takes a few seconds more to mark the node dead. Asks every rank,
+        for at most `LOST_WITHIN_S`; returns if all answer (the failure was something else)."""
+        if not self.on_worker_groups:
+            return
+        calls = [w.alive.options(concurrency_group=CHECKPOINT_THREAD).remote() for w in self.workers]
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), LOST_WITHIN_S)
+        except TimeoutError:
+            return
+        import ray
+
+        lost = next((a for a in answers if isinstance(a, ray.exceptions.RayActorError)), None)
+        if lost is not None:
+            raise TrainerLost(f"a trainer rank was lost with its node: {lost}") from error
+
+    async def _all(self, calls: list[Any]) -> list[Any]:
+        """Every rank's answer to one call, each awaited even when another failed (`_raise_first`)."""
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        self._raise_first([a for a in answers if isinstance(a, BaseException)])
+        return list(answers)

@@ -2,7 +2,8 @@
 `torch.distributed.checkpoint` (DCP) form, read back only through checked files.
 
     N ranks (N = spec.trainer.trainerWorkers), one process each
-    join(address, rank, N)       ─► torch.distributed group: gloo on the CPU, NCCL with a GPU (N = 1: no group)
+    join(address, rank, N)       ─► torch.distributed group: gloo on the CPU, NCCL with a GPU (and gloo for host
+                                    tensors); N = 1: no group
     shard(model)                 ─► fully_shard on every transformer block (the model's `_no_split_modules`), then
                                     the root; FSDP averages the ranks' gradients (gloo has no pre-scaled sum), so
                                     each rank's loss is N × its share of the whole batch's (`grpo.trainer`)
@@ -95,7 +96,8 @@ def join(address: str, rank: int, world: int) -> None:
     """Join the trainer ranks' process group (blocks until all `world` ranks have joined), and the checkpoint group
     beside it."""
     global _checkpoint_group
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    # With GPUs, NCCL for the model's tensors and gloo for the few host tensors (a step's token count, its stats).
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world, timeout=JOIN_TIMEOUT)
     group = dist.new_group(backend="gloo", timeout=JOIN_TIMEOUT)
     assert isinstance(group, dist.ProcessGroup)  # every rank is a member

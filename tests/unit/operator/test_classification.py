@@ -154,6 +154,20 @@ TABLE: list[tuple[str, AttemptObservation, Context, FailureClass | None, bool]] 
     ),
     ("GenerationLost without an exit code", obs(job=failed_job("GenerationLost: none for 300 s")), ctx(), PRE, False),
     (
+        "driver exited 8 (a trainer rank's pod left the cluster)",
+        obs(job=failed_job("failed with exit code 8, last available logs: TrainerLost: a trainer rank was lost")),
+        ctx(),
+        PRE,
+        False,
+    ),
+    (
+        "TrainerLost without an exit code",
+        obs(job=failed_job("TrainerLost: a trainer rank was lost")),
+        ctx(),
+        PRE,
+        False,
+    ),
+    (
         "driver exited 1 after a worker loss",
         obs(job=failed_job("Job entrypoint command failed with exit code 1")),
         ctx(workers_lost=("w-0",)),

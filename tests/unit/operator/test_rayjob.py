@@ -236,6 +236,28 @@ def test_every_worker_group_offers_the_generation_resource_merged_into_the_users
     assert "resources" not in cluster["headGroupSpec"]["rayStartParams"], "the head offers no generation resource"
 
 
+def test_a_worker_group_of_role_trainer_offers_one_unit_of_the_trainer_resource_and_none_of_generation() -> None:
+    trainer = {"name": "train", "replicas": 2, "role": "trainer", "rayStartParams": {"resources": '{"spot": 1}'}}
+    spec = with_workers("cluster.yaml", {"name": "gen", "replicas": 2}, trainer)
+    spec = spec.model_copy(update={"trainer": {**spec.trainer, "trainerWorkers": 2}})
+    body = rayjob.build_rayjob("r", "ns", "u", 1, None, spec)
+    offered = {
+        g["groupName"]: kuberay_resources(g["rayStartParams"])
+        for g in body["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    }
+    assert offered == {"gen": {"trainingrun_generation": 1000}, "train": {"spot": 1, "trainingrun_trainer": 1}}
+    argv = shlex.split(rayjob.entrypoint("r", "ns", 1, None, spec))
+    config = RuntimeConfig.model_validate(json.loads(argv[argv.index("--config-json") + 1]))
+    assert config.trainers.on_worker_groups and config.generation.on_worker_groups
+
+
+def test_with_only_a_trainer_group_generation_runs_on_the_head() -> None:
+    spec = with_workers("cluster.yaml", {"name": "train", "replicas": 1, "role": "trainer"})
+    argv = shlex.split(rayjob.entrypoint("r", "ns", 1, None, spec))
+    config = RuntimeConfig.model_validate(json.loads(argv[argv.index("--config-json") + 1]))
+    assert config.trainers.on_worker_groups and not config.generation.on_worker_groups
+
+
 @pytest.mark.parametrize(
     ("workers", "on_worker_groups"),
     [

@@ -181,6 +181,22 @@ def test_the_local_backend_runs_generation_beside_the_driver_whatever_the_worker
     assert not validation.runtime_config(spec, local=True).generation.on_worker_groups
 
 
+def test_more_trainer_ranks_than_trainer_pods_is_a_problem_naming_trainer_workers_and_local_mode_keeps_them_home() -> (
+    None
+):
+    doc = tiny()
+    doc["spec"]["trainer"]["trainerWorkers"] = 3
+    doc["spec"]["ray"]["workers"] = [{"name": "train", "replicas": 2, "role": "trainer"}]
+    (problem,) = validation.run_problems(doc)
+    assert problem.path == "spec.trainer.trainerWorkers"
+    assert "3 trainer ranks" in problem.explained and "they have 2" in problem.explained
+    doc["spec"]["trainer"]["trainerWorkers"] = 2
+    assert validation.run_problems(doc) == []
+    spec = model.TrainingRunSpec.model_validate(doc["spec"])
+    assert validation.runtime_config(spec).trainers.on_worker_groups
+    assert not validation.runtime_config(spec, local=True).trainers.on_worker_groups
+
+
 # ------------------------------------------------------------------------------------------ bounds
 
 

@@ -22,6 +22,7 @@ def test_the_exit_codes_are_the_wire_values() -> None:
         "PREEMPTED": 5,
         "CONFIG_MISMATCH": 6,
         "RESTORE_INTERRUPTED": 7,
+        "TRAINER_LOST": 8,
     }
 
 
@@ -34,6 +35,7 @@ def test_each_stderr_prefix_is_the_wire_value_and_names_its_exit_code() -> None:
         "Preempted:": 5,
         "ConfigMismatch:": 6,
         "RestoreInterrupted:": 7,
+        "TrainerLost:": 8,
     }
 
 

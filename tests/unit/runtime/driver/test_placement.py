@@ -78,3 +78,22 @@ def test_the_generation_options_carry_the_gpu_and_keep_the_worker_groups_placeme
         "resources": {config.GENERATION_RESOURCE: 1},
         "scheduling_strategy": "SPREAD",
     }
+
+
+def test_a_trainer_rank_asks_for_one_unit_of_the_trainer_resource_when_the_ranks_run_on_worker_groups() -> None:
+    on_groups = config.TrainersConfig(on_worker_groups=True)
+    assert placement.trainer(on_groups, "head", 1) == {"num_gpus": 1, "resources": {config.TRAINER_RESOURCE: 1}}
+
+
+def trainer_node(node_id: str, gpus: float) -> dict[str, Any]:
+    found = node(node_id, gpus)
+    found["Resources"][config.TRAINER_RESOURCE] = 1.0
+    return found
+
+
+def test_a_trainer_rank_on_a_trainer_node_gets_a_gpu_only_when_every_trainer_node_has_one() -> None:
+    on_groups = config.TrainersConfig(on_worker_groups=True)
+    nodes = [node("head", 0), trainer_node("t1", 1), trainer_node("t2", 1)]
+    assert placement.gpus(nodes, "head", LOCAL, 1, 2, on_groups) == placement.Gpus(1, 0)
+    nodes.append(trainer_node("t3", 0))
+    assert placement.gpus(nodes, "head", LOCAL, 1, 2, on_groups) == placement.Gpus(0, 0)
