@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
-import pickletools
 from pathlib import Path
 
 import pytest
@@ -120,52 +117,3 @@ def test_a_background_save_holds_the_state_of_when_it_began_while_training_goes_
     assert again.version == 1
     _train(again, range(1, 2))
     assert again.weights_sha256() == tr.weights_sha256()  # the optimizer state was the save's too
-
-
-class _Payload:
-    """Unpickling this runs `os.system` (were it allowed): what a crafted checkpoint would hide in DCP's metadata."""
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, ("touch pwned",))
-
-
-def test_dcp_metadata_that_names_anything_but_dcps_own_classes_is_refused_before_it_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """DCP's `.metadata` is a pickle. A writer who replaced it and the manifest (so that its checksum matches) still
-    cannot run code in the trainer: the unpickler resolves only the classes DCP's metadata holds."""
-    monkeypatch.chdir(tmp_path)
-    tr = trainer.Trainer(CFG)
-    tr.save(tmp_path / "policy")
-    (tmp_path / "policy" / sharding.METADATA_FILE).write_bytes(pickle.dumps(_Payload()))
-    expected = {p.name: files.hash_file(p) for p in (tmp_path / "policy").iterdir()}
-    with pytest.raises(CheckpointCorrupt, match=r"\.metadata: refers to posix\.system"):
-        trainer.Trainer(CFG).load(tmp_path / "policy", expected)
-    assert not (tmp_path / "pwned").exists()
-
-
-def test_a_saved_policys_metadata_refers_only_to_the_allowed_classes(tmp_path: Path) -> None:
-    tr = trainer.Trainer(CFG)
-    _train(tr, range(1))
-    tr.save(tmp_path)
-    named = set()
-    for op, arg, _ in pickletools.genops((tmp_path / sharding.METADATA_FILE).read_bytes()):
-        if op.name == "GLOBAL":
-            named.add(tuple(str(arg).split(" ", 1)))
-    found = _stack_globals((tmp_path / sharding.METADATA_FILE).read_bytes())
-    assert found, "the metadata names classes"
-    dtypes = {("torch", n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
-    assert found | named <= sharding.METADATA_GLOBALS | dtypes, sorted(found - sharding.METADATA_GLOBALS - dtypes)
-
-
-def _stack_globals(data: bytes) -> set[tuple[str, str]]:
-    """The (module, name) pairs a protocol-4+ pickle looks up, read the way the unpickler reads them."""
-    found: set[tuple[str, str]] = set()
-
-    class Recorder(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> object:
-            found.add((module, name))
-            return super().find_class(module, name)
-
-    Recorder(io.BytesIO(data)).load()
-    return found
