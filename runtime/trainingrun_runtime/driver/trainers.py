@@ -215,11 +215,6 @@ class Trainers:
             self._stop_workers()
             raise
 
-    @property
-    def worker(self) -> Any:
-        """Rank 0's actor (the one the weights and their checksum come from)."""
-        return self.workers[0]
-
     def __getstate__(self) -> dict[str, Any]:
         # The bootstrap client is bound to the driver process; the controller never restores or closes TQ.
         return {**self.__dict__, "data_plane": None}
@@ -235,14 +230,12 @@ class Trainers:
         """Restore TransferQueue from `directory` through the bootstrap client, each file checked against
         `expected` by the process that reads it (`lifecycle.BootstrapDataPlane.load_checkpoint`); attach the
         worker after."""
-
         restored = self._bootstrap().load_checkpoint(directory, expected)
         self._attach(restored.token)
         return restored
 
     def start_fresh(self) -> lifecycle.DataPlaneToken:
         """Decide there is nothing to restore; attach the worker."""
-
         token = self._bootstrap().start_fresh()
         self._attach(token)
         return token
@@ -272,12 +265,22 @@ class Trainers:
         (a peer closed the connection), and only the dead rank says why."""
         if not errors:
             return
+        lost = self._lost_rank(errors)
+        if lost is not None:
+            raise lost from lost.__cause__
+        raise errors[0]
+
+    def _lost_rank(self, answers: Sequence[object]) -> TrainerLost | None:
+        """TrainerLost naming the first rank's actor among `answers` that died, when the ranks run on worker groups
+        (on the head, a rank lost is the head's own failure); None otherwise."""
         import ray
 
-        lost = next((e for e in errors if isinstance(e, ray.exceptions.RayActorError)), None)
-        if lost is not None and self.on_worker_groups:
-            raise TrainerLost(f"a trainer rank was lost with its node: {lost}") from lost
-        raise errors[0]
+        dead = next((a for a in answers if isinstance(a, ray.exceptions.RayActorError)), None)
+        if dead is None or not self.on_worker_groups:
+            return None
+        lost = TrainerLost(f"a trainer rank was lost with its node: {dead}")
+        lost.__cause__ = dead
+        return lost
 
     def load(self, directory: Path, expected: Mapping[str, FileEntry] | None = None) -> str:
         """Load weights and optimizer state from a bundle's `policy/` onto every rank (written by any number of
@@ -346,11 +349,9 @@ class Trainers:
             answers = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), LOST_WITHIN_S)
         except TimeoutError:
             return
-        import ray
-
-        lost = next((a for a in answers if isinstance(a, ray.exceptions.RayActorError)), None)
+        lost = self._lost_rank(answers)
         if lost is not None:
-            raise TrainerLost(f"a trainer rank was lost with its node: {lost}") from error
+            raise lost from error
 
     async def _all(self, calls: list[Any]) -> list[Any]:
         """Every rank's answer to one call, each awaited even when another failed (`_raise_first`)."""

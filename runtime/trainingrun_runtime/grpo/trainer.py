@@ -194,8 +194,7 @@ class Trainer:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         sharding.save(path, self.model, self.optimizer)
-        if self.rank == 0:
-            (path / STATE_FILE).write_text(json.dumps({"version": self.version, "trainer_workers": self.world}))
+        self._write_state(path)
         return self.weights_sha256()
 
     def begin_save(self, directory: str | os.PathLike[str]) -> PendingSave:
@@ -204,8 +203,7 @@ class Trainer:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         future = sharding.save_async(path, self.model, self.optimizer)
-        if self.rank == 0:
-            (path / STATE_FILE).write_text(json.dumps({"version": self.version, "trainer_workers": self.world}))
+        self._write_state(path)
         return PendingSave(path, future, self.rank, self.version)
 
     def load(self, directory: str | os.PathLike[str], expected: Mapping[str, FileEntry] | None = None) -> str:
@@ -229,6 +227,11 @@ class Trainer:
         with self._open(path, STATE_FILE, expected) as f:
             self.version = int(json.loads(f.read())["version"])
         return self.weights_sha256()
+
+    def _write_state(self, path: Path) -> None:
+        """trainer.json (the version, the ranks that wrote the shards), on rank 0 only."""
+        if self.rank == 0:
+            (path / STATE_FILE).write_text(json.dumps({"version": self.version, "trainer_workers": self.world}))
 
     @staticmethod
     def _open(path: Path, name: str, expected: Mapping[str, FileEntry] | None) -> BinaryIO:
