@@ -9,6 +9,14 @@ background) on a real local Ray and real TransferQueue, each attempt a fresh dri
     attempt 3  1 worker   resumes the 2-worker step_4 on one worker (DCP reshards) and finishes at 12: the weights
                           it loads are step_4's, and its rewards continue within the noise of the uninterrupted run
 
+And kills at random moments (seeded: E2E_CHAOS_SEED replays them), on 2 workers throughout:
+
+    attempt 1  a random rank holds its answer to a random step's save (its shard written, the step not committed)
+               while training goes on, and the attempt is SIGKILLed a random time into that hold
+    attempt 2  SIGKILLed a random time after a random step, wherever that lands (a step, a save, a background write)
+    attempt 3  finishes: every step either run recorded is bit-identical to the uninterrupted 2-worker run's, and
+               every prompt was consumed exactly once
+
 The uninterrupted run is the session's 2-worker reference for this configuration's math (`uninterrupted`, which
 keys references by the number of trainer workers too: their sums round otherwise). The math is that of
 test_exact_resume, with trainerWorkers 2.
@@ -18,21 +26,26 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from support import launcher, weights
+from support import launcher, seeds, weights
 from support.uninterrupted import References
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.grpo import sharding
+from trainingrun_runtime.rollout import ledger
 from trainingrun_runtime.storage import layout, verification
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 STEPS = 12
+SEED = 2711  # the default seed of the random kills' moments (E2E_CHAOS_SEED overrides it; support/seeds.py)
 CONFIG: dict[str, Any] = {
     "trainer": {
         "steps": STEPS,
@@ -127,3 +140,53 @@ def test_a_two_worker_checkpoint_resumes_on_one_worker_and_training_goes_on_with
     assert {Path(f).name for f in one.files if f.startswith(f"{layout.POLICY}/")} == {
         sharding.METADATA_FILE, sharding.shard_file(0), "trainer.json"
     }  # fmt: skip
+
+
+def _steps_done(log: Path, attempt: int) -> int:
+    return max((e["step"] for e in _attempt(events.read(log), attempt) if e["event"] == "step_done"), default=0)
+
+
+def test_kills_at_random_moments_during_background_writes_resume_bit_identical_on_two_workers(
+    tmp_path: Path, uninterrupted: References, request: pytest.FixtureRequest
+) -> None:
+    rng = random.Random(seeds.chosen(request.node, default=SEED))
+    log = tmp_path / "random.jsonl"
+    run_dir = tmp_path / "random"
+
+    held, rank = rng.choice([4, 6]), rng.randrange(2)
+    first = launcher.start(run="random", attempt=1, root=tmp_path, config=CONFIG, event_log=log,
+                           crash_at=f"rank{rank}_saved@{held}~600")  # fmt: skip
+    first.wait_for_marker(f"rank{rank}_saved", held, timeout=600, held=True)
+    time.sleep(rng.uniform(0, 3))  # training goes on meanwhile, up to the next save (at most one in flight)
+    first.kill()
+    assert not (run_dir / layout.step_dirname(held)).exists(), "the held save was committed before the kill"
+
+    after = rng.randint(held - 1, STEPS - 2)
+    second = launcher.start(run="random", attempt=2, root=tmp_path, config=CONFIG, event_log=log)
+    deadline = time.monotonic() + 600
+    while _steps_done(log, 2) < after:
+        assert second.exit_code() is None, second.output()[-3000:]
+        assert time.monotonic() < deadline, f"attempt 2 did not reach step {after}"
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0, 1))
+    second.kill()
+
+    third = launcher.start(run="random", attempt=3, root=tmp_path, config=CONFIG, event_log=log)
+    assert third.wait(600) == 0, third.output()[-3000:]
+
+    history = events.read(log)
+    selected = [e["step"] for e in history if e["event"] == "checkpoint_selected"]
+    assert selected[:2] == [None, held - 2], selected  # the held step was never taken for a complete one
+    reference = uninterrupted(CONFIG)
+    recorded = sorted(int(p.name.removeprefix("step_")) for p in run_dir.glob("step_*"))
+    assert STEPS in recorded and held - 2 in recorded, recorded
+    for step in recorded:
+        saved = verification.verify(run_dir / layout.step_dirname(step), run="random")
+        assert saved.weights_sha256 == reference.at(step), f"step {step} diverged (attempt {saved.attempt})"
+    finished = [e for e in history if e["event"] == "finished"]
+    assert finished and finished[-1]["weights_sha256"] == reference.at(STEPS)
+    last = verification.open_verified(run_dir / layout.step_dirname(STEPS))
+    book = ledger.Ledger()
+    book.load_state_dict(torch.load(last.replay_metadata, weights_only=True)["restart"]["ledger"])
+    assert book.in_state(ledger.State.CONSUMED) == list(range(STEPS * CONFIG["trainer"]["promptsPerStep"]))
+    assert not [p for p in run_dir.iterdir() if p.name.startswith("tmp_step_")]
