@@ -4,7 +4,8 @@ Who uses it: the full-loop tests (tests/e2e) and the goodput benchmark (bench/be
 
     tiny_run(name, ...)           manifests/examples/tiny.yaml: everything on the head
     cluster_run(bed, name, ...)   the same, shaped like manifests/examples/cluster.yaml: the head on the bed's node,
-                                  a worker group "generation" on the bed's worker node
+                                  a worker group "generation" on the bed's worker node, and with `trainers=N` a
+                                  worker group "trainer" (role trainer) of N pods there, one trainer rank each
 """
 
 from __future__ import annotations
@@ -47,23 +48,35 @@ def checkpoints_pvc(name: str) -> dict[str, Any]:
 
 
 def cluster_run(
-    bed: fullloop.FullLoopBed, name: str, *, workers: int = 2, claim: str | None = None, **trainer: Any
+    bed: fullloop.FullLoopBed,
+    name: str,
+    *,
+    workers: int = 2,
+    trainers: int = 0,
+    claim: str | None = None,
+    **trainer: Any,
 ) -> dict[str, Any]:
     """The tiny example shaped like manifests/examples/cluster.yaml: the head on the bed's node, and a worker
     group "generation" of `workers` replicas on the bed's worker node (they alone tolerate its taint), one
-    generation worker per replica. The head keeps 4 logical CPUs: 3 for TransferQueue, 1 to spare."""
+    generation worker per replica. The head keeps 4 logical CPUs: 3 for TransferQueue, 1 to spare. With `trainers`,
+    `trainerWorkers` is that many, and they run one a pod in a worker group "trainer" of role trainer, there too."""
+    if trainers:
+        trainer["trainerWorkers"] = trainers
     run = tiny_run(name, claim=claim, generationWorkers=workers, **trainer)
     ray = run["spec"]["ray"]
     ray["head"]["rayStartParams"] = {"num-cpus": "4"}
     ray["head"]["nodeSelector"] = {"kubernetes.io/hostname": bed.node}
     ray["workers"] = [
-        {
-            "name": "generation",
-            "replicas": workers,
-            "rayStartParams": {"num-cpus": "1"},
-            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-            "nodeSelector": dict(fullloop.WORKER_LABEL),
-            "tolerations": [{"operator": "Equal", **fullloop.WORKER_TAINT}],
-        }
+        {"name": "generation", "replicas": workers, **_on_worker_node()},
+        *([{"name": "trainer", "role": "trainer", "replicas": trainers, **_on_worker_node()}] if trainers else []),
     ]
     return run
+
+
+def _on_worker_node() -> dict[str, Any]:
+    return {
+        "rayStartParams": {"num-cpus": "1"},
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "nodeSelector": dict(fullloop.WORKER_LABEL),
+        "tolerations": [{"operator": "Equal", **fullloop.WORKER_TAINT}],
+    }

@@ -102,8 +102,10 @@ class Loop:
     ) -> dict[str, Any]:
         return examples.tiny_run(name, claim=claim, checkpoint=checkpoint, **trainer)
 
-    def cluster_run(self, name: str, *, workers: int = 2, claim: str | None = None, **trainer: Any) -> dict[str, Any]:
-        return examples.cluster_run(self.bed, name, workers=workers, claim=claim, **trainer)
+    def cluster_run(
+        self, name: str, *, workers: int = 2, trainers: int = 0, claim: str | None = None, **trainer: Any
+    ) -> dict[str, Any]:
+        return examples.cluster_run(self.bed, name, workers=workers, trainers=trainers, claim=claim, **trainer)
 
     def checkpoints_pvc(self, name: str) -> dict[str, Any]:
         return examples.checkpoints_pvc(name)

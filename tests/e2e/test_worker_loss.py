@@ -8,6 +8,10 @@ operator and the real driver.
 - The worker node stops heartbeating (its kwok stops, its processes are killed) and is replaced: same outcome.
 - The head's node stops heartbeating for less than `nodeNotReadySeconds` while Ray keeps running: the attempt
   goes on.
+- A trainer pod's loss is not a spot worker's: with 2 trainer workers in a worker group of role trainer (one rank a
+  pod), one of those pods evicted without a grace period at a seeded random step ends attempt 1 as Preempted
+  (TrainerLost), attempt 2 resumes from the newest recorded step on 2 ranks again, and the run ends with the weights
+  of the uninterrupted 2-worker run.
 
 Every worker gone for longer than `workerReplacementSeconds` is proven in its parts, each once and cheaper: the bound
 reaches the driver's config (tests/unit/operator/test_rayjob.py), the driver exits 4 when no generation node is back
@@ -61,17 +65,18 @@ def live_workers(loop: Loop, namespace: str) -> list[dict[str, Any]]:
     return [p for p in found if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
 
 
-def start(loop: Loop, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
-    run = loop.cluster_run(name, claim=f"{name}-checkpoints", **RUN_TRAINER)
+def start(loop: Loop, namespace: str, name: str, *, trainers: int = 0, **spec: Any) -> dict[str, Any]:
+    run = loop.cluster_run(name, claim=f"{name}-checkpoints", trainers=trainers, **RUN_TRAINER)
     run["spec"]["checkpoint"]["savePeriod"] = SAVE_PERIOD
     run["spec"]["restartPolicy"].update(spec.pop("restartPolicy", {}))
     loop.plane.apply(loop.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=namespace)
-    loop.wait(lambda: len(live_workers(loop, namespace)) == 2, timeout=300, what="both worker pods Running")
+    pods = 2 + trainers
+    loop.wait(lambda: len(live_workers(loop, namespace)) == pods, timeout=300, what=f"the {pods} worker pods Running")
     return run
 
 
 def assert_finished_like_undisturbed(loop: Loop, namespace: str, name: str, undisturbed: str) -> dict[str, Any]:
-    status = loop.wait_phase(namespace, name, "Succeeded", timeout=900)
+    status = loop.wait_phase(namespace, name, "Succeeded", timeout=1200)
     claim = loop.bed.runner.claim_directory(namespace, f"{name}-checkpoints")
     recorded = PurePosixPath(status["checkpoints"]["latest"]["path"])
     assert recorded.parent == PurePosixPath("/checkpoints") / namespace / name, recorded  # <path>/<namespace>/<run>
@@ -143,3 +148,33 @@ def test_a_head_node_that_stops_heartbeating_for_less_than_the_grace_keeps_the_a
 
     status = assert_finished_like_undisturbed(loop, namespace, "blip", undisturbed)
     assert status["attempt"]["number"] == 1
+
+
+def test_an_evicted_trainer_pod_ends_the_attempt_as_preempted_and_the_next_resumes_from_the_newest_recorded_step(
+    loop: Loop, namespace: str, uninterrupted: References, request: pytest.FixtureRequest
+) -> None:
+    trainer = examples.tiny_run("ref", generationWorkers=2, trainerWorkers=2, **RUN_TRAINER)["spec"]["trainer"]
+    undisturbed = uninterrupted({"trainer": trainer}, steps=journeys.REFERENCE_STEPS).at(STEPS)
+    start(loop, namespace, "ranks", trainers=2)
+    rng = random.Random(seeds.chosen(request.node, default=SEED))
+    at = rng.randint(SAVE_PERIOD + 1, 3 * SAVE_PERIOD)
+    loop.wait(lambda: (runtime_step(loop, namespace, "ranks") or 0) >= at, timeout=600, what=f"step {at}")
+    ranks = chaos.pods(loop.plane, namespace, "ray.io/group=trainer")
+    assert len(ranks) == 2, [p["metadata"]["name"] for p in ranks]
+    victim = rng.choice(ranks)["metadata"]
+    recorded = journeys.latest_step(loop.run_status(namespace, "ranks"))
+    chaos.evict(loop.plane, namespace, victim["name"], grace_seconds=0)  # a spot VM reclaimed without notice
+    loop.wait(lambda: not localpod.pod_processes(victim["uid"]), timeout=120, what=f"no process of {victim['name']}")
+
+    status = assert_finished_like_undisturbed(loop, namespace, "ranks", undisturbed)
+    ended = status["attempts"][0]
+    assert ended["number"] == 1 and ended["reason"] == "Preempted", status["attempts"]
+    assert "TrainerLost" in ended.get("message", ""), ended
+    assert status["restarts"]["preempted"] == 1 and status["restarts"].get("applicationFailure", 0) == 0, status[
+        "restarts"
+    ]
+    second = status["attempt"]
+    assert second["number"] == 2, status["attempts"]
+    newest_of_1 = max(c["step"] for c in status["checkpoints"]["history"] if c["attempt"] == 1)
+    assert recorded is not None and newest_of_1 >= recorded
+    assert second["resumedFrom"] == newest_of_1, (second, status["checkpoints"])

@@ -153,11 +153,13 @@ def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_iden
     body = rayjob.build_rayjob("reverse-digits", "ns", "u", 1, None, spec_of("cluster.yaml"))
     cluster = body["spec"]["rayClusterSpec"]
     head = cluster["headGroupSpec"]["template"]["spec"]
-    (workers,) = cluster["workerGroupSpecs"]
+    generation, trainer = cluster["workerGroupSpecs"]
     assert head["serviceAccountName"] == "reverse-digits-driver"
-    assert workers["template"]["spec"]["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in workers["template"]["spec"]
-    for pod in (head, workers["template"]["spec"]):
+    for workers in (generation, trainer):
+        assert workers["template"]["spec"]["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in workers["template"]["spec"]
+        assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 2, 2)
+    for pod in (head, generation["template"]["spec"], trainer["template"]["spec"]):
         assert pod["volumes"] == [
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "reverse-digits-checkpoints"}},
             {"name": "dev-shm", "emptyDir": {"medium": "Memory"}},
@@ -166,8 +168,8 @@ def test_every_pod_mounts_the_checkpoint_pvc_and_only_the_head_gets_the_run_iden
             {"name": "checkpoints", "mountPath": "/checkpoints"},
             {"name": "dev-shm", "mountPath": "/dev/shm"},
         ]
-    assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 2, 2)
-    assert workers["template"]["spec"]["tolerations"][0]["key"] == "cloud.google.com/gke-spot"
+    assert generation["template"]["spec"]["tolerations"][0]["key"] == "cloud.google.com/gke-spot"
+    assert "trainingrun_trainer" in trainer["rayStartParams"]["resources"]
     assert cluster["headGroupSpec"]["template"]["metadata"]["labels"]["trainingrun.dev/attempt"] == "1"
 
 
