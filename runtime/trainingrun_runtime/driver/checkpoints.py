@@ -2,10 +2,12 @@
 
     save(step N)                                                       (called by the train pump every save_period)
       wait for the previous commit; begin(): fence, clean tmp_step_*   one save at a time (never a newer attempt's)
-      every trainer rank copies its weights + optimizer into host memory   the pump waits (`blocked_s`) only for
-        and starts writing its shard of tmp_step_N.attempt_A/policy/        this copy and the cut below
-      ┌ barrier.checkpoint(): replay index + capture() + inventory check + TransferQueue snapshot ┐   (checkpointer)
-      └ the lanes queue at reserve/commit only for this window ──────────────────────────────────┘
+      at the same time, the pump waiting (`blocked_s`) only for both:
+      │ every trainer rank copies its weights + optimizer into host memory
+      │   and starts writing its shard of tmp_step_N.attempt_A/policy/
+      │ ┌ barrier.checkpoint(): replay index + capture() + inventory check + TransferQueue snapshot ┐ (checkpointer)
+      │ └ the lanes queue at reserve/commit only for this window ──────────────────────────────────┘
+      (neither trains, so the copy and the cut describe the same moment in either order)
       ── the pump goes on training from here; the rest runs as task checkpoint-commit-N ──
       wait until every rank's shard is written (weights_sha256 read back from the files)
       train_dataloader.pt ← the loader place and sampler cursor read in the cut
@@ -103,16 +105,16 @@ class Checkpoints:
         self._saving_step = step
         started = time.monotonic()
         pending = await asyncio.to_thread(self._saver.begin, step)
+        copy = asyncio.ensure_future(self._copy_policy(pending, step))  # copied; written behind
         try:
-            await self._args.trainers.begin_save(pending.path / layout.POLICY)  # copied; written behind
-            self._args.crash.reach("policy_saved", step)
-            snap = await pending.snapshot(capture=capture)  # the one exclusive barrier cut
+            snap = await pending.snapshot(capture=capture)  # the one exclusive barrier cut, meanwhile
+            await copy
         except InventoryMismatch as e:
-            await self._discard(pending)
+            await self._discard(pending, copy)
             log.warning("checkpoint at step %d abandoned, training goes on: %s", step, e)
             return
         except BaseException:
-            await self._discard(pending)
+            await self._discard(pending, copy)
             raise
         blocked_s = time.monotonic() - started
         self.blocked_s.append(blocked_s)
@@ -120,10 +122,15 @@ class Checkpoints:
             self._finish(pending, snap, step, reward, reason, started, blocked_s), name=f"checkpoint-commit-{step}"
         )
 
-    async def _discard(self, pending: checkpointer.PendingCheckpoint) -> None:
-        """Abort a save after its policy write began: wait for the write first (it writes into the directory the
-        abort removes), whatever came of it."""
+    async def _copy_policy(self, pending: checkpointer.PendingCheckpoint, step: int) -> None:
+        await self._args.trainers.begin_save(pending.path / layout.POLICY)
+        self._args.crash.reach("policy_saved", step)
+
+    async def _discard(self, pending: checkpointer.PendingCheckpoint, copy: asyncio.Future[None]) -> None:
+        """Abort a save after its policy copy began: wait for the copy and the write first (they write into the
+        directory the abort removes), whatever came of them."""
         try:
+            await asyncio.gather(copy, return_exceptions=True)  # its failure, if any, is the write's below too
             await self._args.trainers.finish_save()
         except Exception as e:  # the save is discarded either way; the failure that discards it is raised
             log.warning("the policy's background write of a discarded save failed too: %s", e)

@@ -3,10 +3,10 @@
     TRAININGRUN_CRASH_AT="<point>@<step>[~<seconds>][,...]"      e.g. "data_plane_saved@4", "trained@5~4"
 
 Points (in the order a step passes them): `trained` (after the optimizer step, before
-the consumed rows are cleared), then in a save `begun`, `policy_saved` (every rank's
-state copied, its write begun),
-`data_plane_saved` (the barrier window closed, TransferQueue's snapshot written),
-`index_file_written`, `policy_written` (every rank's shard written, in the background
+the consumed rows are cleared), then in a save `begun`, and at once (the two run side
+by side, so either may come first) `policy_saved` (every rank's state copied, its write
+begun) and `data_plane_saved` (the barrier window closed, TransferQueue's snapshot
+written) with `index_file_written` after it, then `policy_written` (every rank's shard written, in the background
 while the next steps train), the bundle's commit stages (`files_synced`, `manifest_written`,
 `old_moved`, `renamed`, `parent_synced`, `old_removed`) and `reported`; in each trainer
 rank's process, `rank<r>_saved` (rank r wrote its shard of the policy and has not told

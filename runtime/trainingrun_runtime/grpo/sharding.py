@@ -8,8 +8,9 @@
                                     the root; FSDP averages the ranks' gradients (gloo has no pre-scaled sum), so
                                     each rank's loss is N × its share of the whole batch's (`grpo.trainer`)
     save(dir, model, optimizer)  ─► dir/.metadata + __<rank>_0.distcp per rank: every rank writes its shard
-    save_async(...)              ─► the same, but only the copy into host memory blocks; the write runs in a
-                                    thread (its collectives on a gloo group of their own) while training goes on
+    save_async(...)              ─► the same, but only the copy into host memory blocks (into buffers kept from
+                                    the save before, in one batched copy); the write runs in a thread (its
+                                    collectives on a gloo group of their own) while training goes on
     read_weights(dir)            ─► the whole weights from the files, in one process (the checkpoint's checksum)
     load(dir, model, optimizer, expected)
                                  ─► any number of ranks reads a checkpoint written by any other number (DCP
@@ -24,6 +25,7 @@ same files load onto 1 rank or 8. Nothing here writes outside `dir`; fsync and t
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import io
 import os
@@ -46,6 +48,8 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
+from torch.utils import _pytree as pytree
 
 from trainingrun_runtime.errors import CheckpointCorrupt
 from trainingrun_runtime.storage import files
@@ -88,7 +92,68 @@ _checkpoint_group: dist.ProcessGroup | None = None
 while training's collectives run on the default group, and two threads must never share one group."""
 
 
-_stager: DefaultStager | None = None
+class _KeptStager:
+    """DCP's stager for `save_async`, keeping the host copy of the state from one save to the next.
+
+    The first save (and any whose state has another shape: the optimizer's state appears after the first step) is
+    staged by DCP's `DefaultStager`, a copy of every tensor into host memory. Every later one copies the values into
+    those same buffers in one batched `torch._foreach_copy_`, rather than walking and copying tensor by tensor: for
+    a small model that walk was most of what a save blocked. Safe because one save is in flight at a time
+    (`driver.checkpoints` waits for the previous write before it stages the next)."""
+
+    _synchronize_after_execute = False  # staging is done when `stage` returns
+
+    def __init__(self) -> None:
+        self._first = DefaultStager(StagingOptions(False, False, False, False))  # no pinning: CPU tensors here
+        self._spec: pytree.TreeSpec | None = None
+        self._kept: list[Any] = []
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        leaves, spec = pytree.tree_flatten(state_dict)
+        if not self._fits(leaves, spec):
+            staged = cast("dict[str, Any]", self._first.stage(state_dict))
+            self._kept, self._spec = pytree.tree_flatten(staged)[0], spec
+            return staged
+        pairs = [(_local(kept), _local(live)) for kept, live in zip(self._kept, leaves, strict=True)
+                 if isinstance(live, torch.Tensor)]  # fmt: skip
+        with torch.no_grad():
+            torch._foreach_copy_([kept for kept, _ in pairs], [live for _, live in pairs])
+        fresh = [kept if isinstance(live, torch.Tensor) else copy.deepcopy(live)
+                 for kept, live in zip(self._kept, leaves, strict=True)]  # fmt: skip
+        return cast("dict[str, Any]", pytree.tree_unflatten(fresh, spec))
+
+    def _fits(self, leaves: list[Any], spec: pytree.TreeSpec) -> bool:
+        """Whether the kept copy has this state's structure, and a tensor of the same shape and type at each place."""
+        if self._spec is None or spec != self._spec:
+            return False
+        for kept, live in zip(self._kept, leaves, strict=True):
+            if isinstance(live, torch.Tensor) != isinstance(kept, torch.Tensor):
+                return False
+            if isinstance(live, torch.Tensor) and (
+                type(live) is not type(kept)
+                or _local(live).shape != _local(kept).shape
+                or _local(live).dtype != _local(kept).dtype
+            ):
+                return False
+        return True
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: `stage` copies before it returns."""
+
+    def close(self) -> None:
+        self._first.close()
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded tensor (a DTensor's local shard), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+_stager: _KeptStager | None = None
 """The host copy of this process's state for background saves (one save at a time: `driver.checkpoints`)."""
 
 
@@ -135,7 +200,7 @@ def save_async(directory: Path, model: Any, optimizer: torch.optim.Optimizer) ->
     future before the files are anything; the copy is what was there when this returned."""
     global _stager
     if _stager is None:  # kept: it keeps the host copy's buffers, so a save after the first allocates nothing
-        _stager = DefaultStager(StagingOptions(False, False, False, False))  # no pinning: CPU tensors here
+        _stager = _KeptStager()
     weights, optim = get_state_dict(model, optimizer)
     writer = FileSystemWriter(directory, sync_files=False)
     with _alone_is_meant():

@@ -117,3 +117,20 @@ def test_a_background_save_holds_the_state_of_when_it_began_while_training_goes_
     assert again.version == 1
     _train(again, range(1, 2))
     assert again.weights_sha256() == tr.weights_sha256()  # the optimizer state was the save's too
+
+
+def test_every_background_save_writes_the_state_of_its_own_moment_though_the_host_copy_is_reused(
+    tmp_path: Path,
+) -> None:
+    """The host copy's buffers are kept from one save to the next (only the values are copied in again); a save
+    before the optimizer has any state, and each later one, still holds exactly the state at its own moment."""
+    tr = trainer.Trainer(CFG)
+    for n in range(4):
+        at_save = tr.weights_sha256()
+        pending = tr.begin_save(tmp_path / str(n))
+        _train(tr, range(n, n + 1))
+        assert pending.finish() == at_save
+        again = trainer.Trainer(CFG)
+        assert again.load(tmp_path / str(n)) == at_save
+        _train(again, range(n, n + 1))
+        assert again.weights_sha256() == tr.weights_sha256(), f"save {n}: the optimizer state was not its own"
