@@ -5,6 +5,8 @@
               worker eviction, head eviction (Eviction API), worker eviction, SIGKILL of the driver, worker-node
               failure (the machine gone; the cloud registers a new node of the same name and shape)
     goodput_under_disruption = calm wall time / storm wall time           (goal >= 0.8 on this machine)
+    steps_lost_per_unannounced_kill = the steps the driver's SIGKILL lost (no notice: from the newest recorded
+        checkpoint), at the example's savePeriod                          (goal < savePeriod)
 
 Both are timed from `kubectl apply` to phase Succeeded, on the same bed (control plane, real KubeRay, our operator
 as the chart runs it, the pod runner playing Ray pods), one after the other. Per disruption kind it writes the
@@ -61,7 +63,8 @@ from trainingrun_runtime import timestamps  # noqa: E402
 from trainingrun_runtime.driver import events, notice  # noqa: E402
 
 NAMESPACE = "bench-goodput"
-SAVE_PERIOD = 10
+SAVE_PERIOD = int(examples.tiny_run()["spec"]["checkpoint"]["savePeriod"])
+"""The example's own (manifests/examples/tiny.yaml), so that the steps an unannounced kill loses are its."""
 RESTARTS = ("head_loss", "driver_kill")
 """The kinds that end the attempt (the next one resumes from a checkpoint): their cost is split into stages."""
 WORKER_KINDS = ("worker_loss", "node_failure")
@@ -103,7 +106,6 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
              schedule: list[Strike], rng: random.Random) -> float:  # fmt: skip
     """Applies the run, strikes each disruption at its step, returns seconds from apply to Succeeded."""
     run = examples.cluster_run(bed, name, claim=f"{name}-checkpoints", steps=steps, logEvery=5)
-    run["spec"]["checkpoint"]["savePeriod"] = SAVE_PERIOD
     run["spec"]["restartPolicy"]["backoff"] = {"initialSeconds": 1, "maxSeconds": 5, "factor": 2}
     started = time.time()
     plane.apply(examples.checkpoints_pvc(f"{name}-checkpoints"), run, namespace=NAMESPACE)
@@ -155,12 +157,17 @@ def strike(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: st
         bed.replace_worker_node()
 
 
+def run_directory(bed: fullloop.FullLoopBed, name: str) -> Path:
+    """The run's directory on its volume: <spec.checkpoint.path (none in the example)>/<namespace>/<run>."""
+    return bed.runner.claim_directory(NAMESPACE, f"{name}-checkpoints") / NAMESPACE / name
+
+
 def step_times(bed: fullloop.FullLoopBed, name: str) -> tuple[list[tuple[float, int, int]], dict[int, Any]]:
     """(time, attempt, step) of every finished step of the run, and each attempt's event log (from the PVC)."""
-    claim = bed.runner.claim_directory(NAMESPACE, f"{name}-checkpoints")
+    claim = run_directory(bed, name)
     done: list[tuple[float, int, int]] = []
     logs: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted((claim / name / "attempts").glob("*/events.jsonl")):
+    for path in sorted((claim / "attempts").glob("*/events.jsonl")):
         number = int(path.parent.name)
         logs[number] = events.read(path)
         done += [(e["t"], number, e["step"]) for e in logs[number] if e["event"] == "step_done"]
@@ -171,7 +178,7 @@ def notice_saved(bed: fullloop.FullLoopBed, name: str, current: dict[str, Any], 
     """Whether status records the checkpoint that answered the struck attempt's preemption notice: the step in the
     driver's answer (notice-answer.json, on the PVC), recorded for that attempt whatever its reason (a notice that
     came during a periodic save is answered by that save, recorded as Periodic)."""
-    answer = bed.runner.claim_directory(NAMESPACE, f"{name}-checkpoints") / name / "attempts" / str(hit.attempt)
+    answer = run_directory(bed, name) / "attempts" / str(hit.attempt)
     try:
         step = json.loads((answer / notice.ANSWER_FILE).read_text()).get("step")
     except (OSError, ValueError):
@@ -306,6 +313,7 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
             "worker_loss_new_attempts": "0",
             "graceful_head_loss_steps_lost": "0",
             "notice_to_recorded_checkpoint_s": "< 15",
+            "steps_lost_per_unannounced_kill": "< save_period",
         },
     }
     for kind in ("worker_loss", "head_loss", "driver_kill", "node_failure"):
@@ -317,6 +325,10 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
         figures[f"{kind}_to_progress_s"] = round(max(progress), 1) if progress else None
     # The head's eviction is graceful (its pod's grace period, the preStop hook asks the driver to save).
     figures["graceful_head_loss_steps_lost"] = figures["head_loss_steps_lost"]
+    # The driver's SIGKILL gives no notice: it loses the steps since the newest recorded checkpoint.
+    figures["save_period"] = SAVE_PERIOD
+    kills = figures["driver_kill_new_attempts"]
+    figures["steps_lost_per_unannounced_kill"] = figures["driver_kill_steps_lost"] / kills if kills else None
     noticed = [s.notice_recorded_s for s in schedule if s.kind == "head_loss"]
     figures["notice_to_recorded_checkpoint_s"] = (
         round(max(noticed), 1) if noticed and None not in noticed else None  # None: a notice saved nothing

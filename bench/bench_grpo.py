@@ -9,6 +9,8 @@
         resume_worker_cpu_over_cores_s = the CPU our Ray actors' processes used by then, over the machine's cores:
             the least wall time their start can take on this machine, however it is ordered (each imports torch,
             and all but the generators TransferQueue and its tensordict, before it does anything of ours)
+    one run at the example's savePeriod (manifests/examples/tiny.yaml), the same in-run figure:
+        throughput_ckpt_example_period_vs_without
     a run saving at every step, then one that never saves (the policy's write, the fsync, the hashing and the
     commit run behind training; the pump waits only for the copy into host memory and the data-plane cut)
         throughput_ckpt_every_step_vs_none = steps/s of the first / of the second          goal >= 0.9
@@ -46,6 +48,15 @@ import results  # noqa: E402  (bench/results.py: bench-results.json)
 from support import launcher  # noqa: E402
 from trainingrun_operator.localmode import driver_process, processes  # noqa: E402
 from trainingrun_runtime.driver import events  # noqa: E402
+
+EXAMPLE = REPO / "manifests" / "examples" / "tiny.yaml"
+
+
+def example_save_period() -> int:
+    import yaml
+
+    run = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d and d.get("kind") == "TrainingRun")
+    return int(run["spec"]["checkpoint"]["savePeriod"])
 
 
 def config(steps: int, save_period: int) -> dict[str, Any]:
@@ -223,6 +234,12 @@ def main() -> int:
         figures.update(startup_split(resumed[len(with_ckpt) :]))
         figures.update(cpu)
         figures["resume_our_part_s"] = figures["resume_driver_start_to_pumps_s"] - figures["resume_ray_start_s"]
+        period = example_save_period()
+        at_example = run(root, "example-period", config(a.steps, period))
+        figures["example_save_period"] = period
+        figures["throughput_ckpt_example_period_vs_without"] = in_run_figures(at_example, period)[
+            "throughput_with_ckpt_vs_without"
+        ]
         figures.update(every_step_figures(root, a.steps))
         if a.ab:
             figures.update(ab_figures(root, a.steps, a.repeat))

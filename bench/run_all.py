@@ -51,6 +51,7 @@ REQUIRED = [
     "worker_loss_new_attempts",
     "graceful_head_loss_steps_lost",
     "notice_to_recorded_checkpoint_s",
+    "steps_lost_per_unannounced_kill",
 ]
 
 

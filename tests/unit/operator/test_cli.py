@@ -96,7 +96,7 @@ def test_every_invalid_field_of_spec_and_trainer_is_reported_at_once_with_its_li
 ) -> None:
     path = example(tmp_path)
     text = path.read_text().replace("steps: 120", "steps: -5").replace("groupSize: 4", "groupSize: 0")
-    path.write_text(text.replace("savePeriod: 10", "savePeriod: 0"))
+    path.write_text(text.replace("savePeriod: 5", "savePeriod: 0"))
     code, err = trainingrun(capsys, "run", str(path), "--root", str(tmp_path))
     assert code == 2
     assert err.splitlines() == [

@@ -117,7 +117,7 @@ def test_entrypoint_runs_the_driver_with_run_attempt_resume_root_and_config() ->
     assert args["--legacy-root"] == "/checkpoints/trainingruns"
     config = RuntimeConfig.model_validate(json.loads(args["--config-json"]))
     assert config.trainer.steps == 2000
-    assert (config.checkpoint.save_period, config.checkpoint.keep_last, config.checkpoint.keep_every) == (50, 3, 500)
+    assert (config.checkpoint.save_period, config.checkpoint.keep_last, config.checkpoint.keep_every) == (10, 3, 500)
 
 
 def test_entrypoint_says_latest_when_there_is_no_recorded_step() -> None:
