@@ -5,8 +5,9 @@
               worker eviction, head eviction (Eviction API), worker eviction, SIGKILL of the driver, worker-node
               failure (the machine gone; the cloud registers a new node of the same name and shape)
     goodput_under_disruption = calm wall time / storm wall time           (goal >= 0.8 on this machine)
-    steps_lost_per_unannounced_kill = the steps the driver's SIGKILL lost (no notice: from the newest recorded
-        checkpoint), at the example's savePeriod                          (goal < savePeriod)
+    steps_lost_per_unannounced_kill = the steps the driver's SIGKILL lost (no notice: the steps its attempt finished
+        past the one the next attempt resumed from, from the event logs), struck at a random moment of a save
+        period, at the example's savePeriod                               (goal < savePeriod)
 
 Both are timed from `kubectl apply` to phase Succeeded, on the same bed (control plane, real KubeRay, our operator
 as the chart runs it, the pod runner playing Ray pods), one after the other. Per disruption kind it writes the
@@ -84,6 +85,8 @@ class Strike:
     notice_recorded_s: float | None = None  # a head loss: until its notice's checkpoint was in status
     stages: dict[str, float] = field(default_factory=dict)
     replaced_s: float | None = None  # a worker's loss: until every generation worker it took was replaced
+    delay_s: float = 0.0  # a driver kill: how long after the run reached its step (a random moment in a period)
+    lost_by_log: int | None = None  # a driver kill: steps its attempt finished past the step the next resumed from
 
 
 def status(plane: controlplane.ControlPlane, name: str) -> dict[str, Any]:
@@ -141,8 +144,9 @@ def run_once(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: 
 
 def strike(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed, name: str, hit: Strike, attempt: int,
            step: int, rng: random.Random) -> None:  # fmt: skip
+    time.sleep(hit.delay_s)  # status shows a step when its checkpoint is reported: strike later than that
     hit.t, hit.attempt, hit.reached = time.time(), attempt, step
-    print(f"  step {step} of attempt {attempt}: {hit.kind}", flush=True)
+    print(f"  step {step} of attempt {attempt} (+{hit.delay_s:.1f} s): {hit.kind}", flush=True)
     if hit.kind == "worker_loss":
         victim = rng.choice(waiting.wait(lambda: live_workers(plane), timeout=300, what="a live worker"))
         chaos.evict(plane, NAMESPACE, victim["metadata"]["name"])
@@ -205,6 +209,10 @@ def measure_progress(plane: controlplane.ControlPlane, bed: fullloop.FullLoopBed
         rates[f"{hit.kind}#{i}"] = steps_per_s(done, hit.t, hit.t + 30)
         if hit.attempt + 1 in history and hit.kind in RESTARTS:
             hit.stages = restart_stages(hit, history, logs)
+        resumed = (history.get(hit.attempt + 1) or {}).get("resumedFrom")
+        if hit.kind == "driver_kill" and hit.attempt + 1 in history:
+            finished = [s for _, a, s in done if a == hit.attempt]
+            hit.lost_by_log = max(finished, default=0) - int(resumed or 0)
         replaced = replacement_time(logs.get(hit.attempt, []), hit.t)
         if hit.kind in WORKER_KINDS and replaced is not None:
             hit.replaced_s = replaced - hit.t
@@ -270,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             calm = run_once(plane, bed, "calm", args.steps, [], rng)
             calm_done, _ = step_times(bed, "calm")
             calm_rate = (len(calm_done) - 1) / (calm_done[-1][0] - calm_done[0][0])
+            for hit in schedule:  # a kill without notice at a random moment of a save period, not just after one
+                hit.delay_s = rng.uniform(0, SAVE_PERIOD / calm_rate) if hit.kind == "driver_kill" else 0.0
             print(f"calm: {calm:.0f} s; storm: {[(s.kind, s.at_step) for s in schedule]}", flush=True)
             storm = run_once(plane, bed, "storm", args.steps, schedule, rng)
             rates = measure_progress(plane, bed, "storm", schedule)
@@ -327,8 +337,10 @@ def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: li
     figures["graceful_head_loss_steps_lost"] = figures["head_loss_steps_lost"]
     # The driver's SIGKILL gives no notice: it loses the steps since the newest recorded checkpoint.
     figures["save_period"] = SAVE_PERIOD
-    kills = figures["driver_kill_new_attempts"]
-    figures["steps_lost_per_unannounced_kill"] = figures["driver_kill_steps_lost"] / kills if kills else None
+    # Counted from the killed attempt's own event log: status knows only the steps it reported before the kill.
+    lost = [s.lost_by_log for s in schedule if s.kind == "driver_kill" and s.lost_by_log is not None]
+    figures["steps_lost_per_unannounced_kill"] = sum(lost) / len(lost) if lost else None
+    figures["unannounced_kills_at"] = [f"{s.reached}+{s.delay_s:.1f}s" for s in schedule if s.kind == "driver_kill"]
     noticed = [s.notice_recorded_s for s in schedule if s.kind == "head_loss"]
     figures["notice_to_recorded_checkpoint_s"] = (
         round(max(noticed), 1) if noticed and None not in noticed else None  # None: a notice saved nothing
