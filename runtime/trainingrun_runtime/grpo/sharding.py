@@ -15,7 +15,8 @@
     load(dir, model, optimizer, expected)
                                  ─► any number of ranks reads a checkpoint written by any other number (DCP
                                     reshards); each file is opened through `files.open_checked` against the
-                                    manifest's entry, in the process that reads it
+                                    manifest's entry, in the process that reads it; the `.metadata` (a pickle)
+                                    through an unpickler that resolves only the classes DCP's metadata holds
 
 The state is keyed by parameter names (`get_state_dict`), never by a rank's position in the optimizer, so the
 same files load onto 1 rank or 8. Nothing here writes outside `dir`; fsync and the manifest are the commit's
@@ -27,20 +28,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import enum
 import io
 import os
+import pickle
 import socket
 import warnings
 from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, cast
+from typing import IO, Any, Final, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -57,6 +60,7 @@ from trainingrun_runtime.storage.manifest import FileEntry
 
 __all__ = [
     "METADATA_FILE",
+    "METADATA_GLOBALS",
     "full_weights",
     "join",
     "load",
@@ -217,14 +221,14 @@ def save_async(directory: Path, model: Any, optimizer: torch.optim.Optimizer) ->
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """The whole weights as the files in `directory` hold them, gathered from every rank's shard in this one
     process (no collective): what a restore would load, on any number of ranks."""
-    reader = FileSystemReader(directory)
+    reader = _Reader(directory)
     meta = reader.read_metadata()
     weights: dict[str, torch.Tensor] = {}
     for key, item in meta.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(item, TensorStorageMetadata):
             weights[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
     with _alone_is_meant():
-        state_dict_loader.load({"model": weights}, storage_reader=FileSystemReader(directory), no_dist=True)
+        state_dict_loader.load({"model": weights}, storage_reader=_Reader(directory), no_dist=True)
     return weights
 
 
@@ -239,7 +243,7 @@ def load(
     else:
         weights, optim = get_state_dict(model, optimizer)
         state = {"model": weights, "optimizer": optim}
-    reader = FileSystemReader(directory)
+    reader = _Reader(directory)
     checked = None if expected is None else _CheckedFiles(expected)
     if checked is not None:
         reader.fs = checked
@@ -247,8 +251,9 @@ def load(
         with _alone_is_meant():
             state_dict_loader.load(state, storage_reader=reader, no_dist=not _grouped())
     except BaseException as e:  # DCP gathers every rank's failure into one of its own: name the refused file
-        if checked is not None and checked.refused is not None:
-            raise checked.refused from e
+        refused = (checked.refused if checked is not None else None) or reader.refused
+        if refused is not None:
+            raise refused from e
         raise
     if optimizer is None:
         model.load_state_dict(state["model"])
@@ -266,6 +271,85 @@ def _alone_is_meant() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is .*single process", category=UserWarning)
         yield
+
+
+METADATA_GLOBALS: Final[frozenset[tuple[str, str]]] = frozenset(
+    {
+        *(
+            ("torch.distributed.checkpoint.metadata", name)
+            for name in (
+                "Metadata",
+                "StorageMeta",
+                "MetadataIndex",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "TensorProperties",
+                "_MEM_FORMAT_ENCODING",
+            )
+        ),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),  # where an item sits in its shard file
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),  # a tensor's layout, by name (torch.strided)
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+    }
+)
+"""(module, name) pairs a DCP `.metadata` may reference, besides `torch.<dtype>`: what `save` writes (listed by
+`tests/unit/runtime/grpo/test_trainer.py`)."""
+
+_DTYPES: Final[frozenset[str]] = frozenset(n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype))
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle: this reads it resolving `METADATA_GLOBALS` and torch's dtypes only, so a
+    crafted file naming anything else is refused (CheckpointCorrupt naming the global) before it is imported."""
+
+    def __init__(self, file: IO[bytes], where: str) -> None:
+        super().__init__(file)
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in METADATA_GLOBALS or (module == "torch" and name in _DTYPES):
+            return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return self._enum_member  # some Pythons (Debian's 3.11.2) pickle an enum member as getattr(cls, name)
+        raise CheckpointCorrupt(f"{self.where}: refers to {module}.{name}, which DCP's metadata never holds")
+
+    def _enum_member(self, cls: Any, name: Any) -> Any:
+        """`getattr` as an enum member's pickle uses it, and nothing more: a member of an allowed enum, by name."""
+        allowed = (
+            isinstance(cls, type) and issubclass(cls, enum.Enum) and (cls.__module__, cls.__name__) in METADATA_GLOBALS
+        )
+        if allowed and isinstance(name, str) and name in cls.__members__:
+            return cls[name]
+        raise CheckpointCorrupt(
+            f"{self.where}: calls getattr({getattr(cls, '__name__', type(cls).__name__)}, {name!r}), which is not a "
+            "member of an enum DCP's metadata holds"
+        )
+
+
+class _Reader(FileSystemReader):
+    """DCP's file reader, its `.metadata` read by `_MetadataUnpickler` instead of a plain `pickle.load`."""
+
+    refused: CheckpointCorrupt | None = None
+    """The metadata refused in this process (DCP reports only its own wrapper of the error)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _MetadataUnpickler(cast(IO[bytes], f), str(path)).load()
+            if not isinstance(metadata, Metadata):
+                raise CheckpointCorrupt(f"{path}: not DCP's metadata ({type(metadata).__name__})")
+        except CheckpointCorrupt as e:
+            self.refused = self.refused or e
+            raise
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        assert metadata.storage_meta is not None
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 class _CheckedFiles(FileSystem):

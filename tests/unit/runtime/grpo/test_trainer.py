@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import enum
+import io
 import os
+import pickle
+import pickletools
 from pathlib import Path
 
 import pytest
@@ -134,3 +138,100 @@ def test_every_background_save_writes_the_state_of_its_own_moment_though_the_hos
         assert again.load(tmp_path / str(n)) == at_save
         _train(again, range(n, n + 1))
         assert again.weights_sha256() == tr.weights_sha256(), f"save {n}: the optimizer state was not its own"
+
+
+class _Payload:
+    """Unpickling this runs `os.system` (were it allowed): what a crafted checkpoint would hide in DCP's metadata."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch pwned",))
+
+
+def test_dcp_metadata_that_names_anything_but_dcps_own_classes_is_refused_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCP's `.metadata` is a pickle. A writer who replaced it and the manifest (so that its checksum matches) still
+    cannot run code in the trainer: the unpickler resolves only the classes DCP's metadata holds."""
+    monkeypatch.chdir(tmp_path)
+    tr = trainer.Trainer(CFG)
+    tr.save(tmp_path / "policy")
+    (tmp_path / "policy" / sharding.METADATA_FILE).write_bytes(pickle.dumps(_Payload()))
+    expected = {p.name: files.hash_file(p) for p in (tmp_path / "policy").iterdir()}
+    with pytest.raises(CheckpointCorrupt, match=r"\.metadata: refers to posix\.system"):
+        trainer.Trainer(CFG).load(tmp_path / "policy", expected)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_saved_policys_metadata_refers_only_to_the_allowed_classes(tmp_path: Path) -> None:
+    tr = trainer.Trainer(CFG)
+    _train(tr, range(1))
+    tr.save(tmp_path)
+    named = set()
+    for op, arg, _ in pickletools.genops((tmp_path / sharding.METADATA_FILE).read_bytes()):
+        if op.name == "GLOBAL":
+            named.add(tuple(str(arg).split(" ", 1)))
+    found = _stack_globals((tmp_path / sharding.METADATA_FILE).read_bytes())
+    assert found, "the metadata names classes"
+    dtypes = {("torch", n) for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype)}
+    assert found | named <= sharding.METADATA_GLOBALS | dtypes, sorted(found - sharding.METADATA_GLOBALS - dtypes)
+
+
+def _stack_globals(data: bytes) -> set[tuple[str, str]]:
+    """The (module, name) pairs a protocol-4+ pickle looks up, read the way the unpickler reads them."""
+    found: set[tuple[str, str]] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> object:
+            found.add((module, name))
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(data)).load()
+    return found
+
+
+class _AsDebians311:
+    """Pickles as Debian's Python 3.11.2 (the runtime image's) does: an enum member as `getattr(cls, name)`."""
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj: object) -> object:
+            if isinstance(obj, enum.Enum):
+                return getattr, (type(obj), obj.name)
+            return NotImplemented
+
+    @classmethod
+    def dumps(cls, obj: object) -> bytes:
+        out = io.BytesIO()
+        cls.Pickler(out).dump(obj)
+        return out.getvalue()
+
+
+def test_dcp_metadata_whose_enum_members_are_pickled_as_getattr_loads_as_in_the_runtime_image(tmp_path: Path) -> None:
+    tr = trainer.Trainer(CFG)
+    _train(tr, range(1))
+    sha = tr.save(tmp_path)
+    metadata = tmp_path / sharding.METADATA_FILE
+    with metadata.open("rb") as f:
+        written = pickle.load(f)
+    metadata.write_bytes(_AsDebians311.dumps(written))
+    assert ("builtins", "getattr") in _stack_globals(metadata.read_bytes())
+    expected = {p.name: files.hash_file(p) for p in tmp_path.iterdir()}
+    assert trainer.Trainer(CFG).load(tmp_path, expected) == sha
+
+
+class _GetattrChain:
+    """The first link of the chain a crafted pickle would use to reach any global: `getattr(<an allowed class>,
+    "__init__")`, then its `__globals__`."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, str]]:
+        from torch.distributed.checkpoint.metadata import Metadata
+
+        return (getattr, (Metadata, "__init__"))
+
+
+def test_dcp_metadata_that_uses_getattr_for_anything_but_an_enum_member_is_refused(tmp_path: Path) -> None:
+    tr = trainer.Trainer(CFG)
+    tr.save(tmp_path)
+    (tmp_path / sharding.METADATA_FILE).write_bytes(pickle.dumps(_GetattrChain()))
+    expected = {p.name: files.hash_file(p) for p in tmp_path.iterdir()}
+    with pytest.raises(CheckpointCorrupt, match=r"\.metadata: calls getattr\(Metadata, '__init__'\)"):
+        trainer.Trainer(CFG).load(tmp_path, expected)
