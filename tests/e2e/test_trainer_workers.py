@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import torch
 
-from support import launcher, seeds, weights
+from support import launcher, seeds, waiting, weights
 from support.uninterrupted import References
 from trainingrun_runtime.driver import events
 from trainingrun_runtime.grpo import sharding
@@ -163,12 +163,13 @@ def test_kills_at_random_moments_during_background_writes_resume_bit_identical_o
 
     after = rng.randint(held - 1, STEPS - 2)
     second = launcher.start(run="random", attempt=2, root=tmp_path, config=CONFIG, event_log=log)
-    deadline = time.monotonic() + 600
-    while _steps_done(log, 2) < after:
+
+    def reached() -> bool:
         assert second.exit_code() is None, second.output()[-3000:]
-        assert time.monotonic() < deadline, f"attempt 2 did not reach step {after}"
-        time.sleep(0.05)
-    time.sleep(rng.uniform(0, 1))
+        return _steps_done(log, 2) >= after
+
+    waiting.wait(reached, timeout=600, what=f"attempt 2 at step {after}", interval=0.05)
+    time.sleep(rng.uniform(0, 1))  # the random moment itself: wherever it lands (a step, a save, a write)
     second.kill()
 
     third = launcher.start(run="random", attempt=3, root=tmp_path, config=CONFIG, event_log=log)
