@@ -14,9 +14,11 @@ pins them all).
                                                                       message
     restoreError          driver.entrypoint: a failed restore's line  core.classification, first rule
     CheckpointReason      driver.controller, driver.checkpoints       core.decision (a PreemptionNotice checkpoint)
-    RuntimeStatus         driver.reporting: status.runtime (a merge   core.model.RuntimeReport (the operator's parsed
+    RuntimeStatus         sdk.reporting: status.runtime (a merge   core.model.RuntimeReport (the operator's parsed
       (the report)        patch, REPORT_FIELD), or in local mode the  view; the CRD declares the same fields:
                           file `report_file`                          test_crd), localmode.local, kube.wakeups
+    Attachment            the operator: the ATTACH_ENV variable of a  trainingrun_runtime.sdk.attach (a program of
+      (ATTACH_ENV)        spec.driver program (core.rayjob, local)    the user's, or the built-in driver)
 
 A failed restore's `status.runtime.restoreError` is its stderr line, but a `RestoreFailed: ` line is reported
 without that prefix: a report that starts with no other prefix is a step that failed verification.
@@ -31,8 +33,11 @@ from types import MappingProxyType
 from typing import Final, NotRequired, TypedDict
 
 __all__ = [
+    "ATTACH_ENV",
+    "METRICS_MAX",
     "PROGRESS_FIELDS",
     "REPORT_FIELD",
+    "Attachment",
     "BadCheckpointReport",
     "CheckpointReason",
     "CheckpointReport",
@@ -122,7 +127,7 @@ class CheckpointReason(enum.StrEnum):
     FINAL = "Final"
     """The run's last step."""
     PREEMPTION_NOTICE = "PreemptionNotice"
-    """The head pod was being deleted and its preStop hook asked for it (`driver.notice`)."""
+    """The head pod was being deleted and its preStop hook asked for it (`sdk.notice`)."""
 
 
 REPORT_FIELD: Final = "runtime"
@@ -169,6 +174,13 @@ class Progress(TypedDict):
     reward: float | None
     updated: str
     """When the report was built, by the driver's clock (`timestamps`)."""
+    metrics: NotRequired[dict[str, float]]
+    """A program's other figures at that step (`sdk.Run.report(step, loss=...)`): at most METRICS_MAX, each named
+    like a Prometheus label value of at most 64 characters; absent from the built-in driver's reports."""
+
+
+METRICS_MAX: Final = 16
+"""The most metrics one report carries (the CRD's maxProperties of status.runtime.metrics)."""
 
 
 class RuntimeStatus(Progress):
@@ -190,3 +202,33 @@ class RuntimeStatus(Progress):
 
 PROGRESS_FIELDS: Final[frozenset[str]] = frozenset(Progress.__annotations__)
 """The names of the `Progress` fields: what a report that only moves the step changes."""
+
+
+ATTACH_ENV: Final = "TRAININGRUN_ATTACH"
+"""The environment variable that hands a `spec.driver` program its attempt: an `Attachment` as JSON."""
+
+
+class Attachment(TypedDict):
+    """What the operator passes a program it runs as an attempt's driver (`spec.driver.entrypoint`), in ATTACH_ENV:
+    the same facts the built-in driver gets as arguments (`python -m trainingrun_runtime --help`)."""
+
+    run: str
+    namespace: str
+    attempt: int
+    runUid: str | None
+    """The TrainingRun's uid: with the attempt, the claim on the run directory (`storage.fence`)."""
+    root: str
+    """The checkpoint root: checkpoints go to `<root>/<run>/step_N/`."""
+    resume: int | None
+    """The recorded step to resume from (None: the newest that verifies, or a fresh start)."""
+    fallback: list[int]
+    """Older recorded steps, newest first, resumed from if `resume` fails verification."""
+    manifestBlake3: dict[str, str]
+    """Step (as a string) -> the BLAKE3 its manifest.json must hash to, for `resume` and `fallback`."""
+    reporter: str
+    """`kubernetes` (a merge patch of status.runtime, as the head's ServiceAccount) or `file` (local mode)."""
+    savePeriod: int
+    keepLast: int
+    keepEvery: int | None
+    trainer: dict[str, object]
+    """spec.trainer as the user wrote it (`{}` when absent)."""

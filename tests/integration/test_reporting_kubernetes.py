@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from trainingrun_runtime import contract, timestamps
-from trainingrun_runtime.driver import reporting
+from trainingrun_runtime.sdk import reporting
 
 pytestmark = pytest.mark.cluster
 
@@ -100,7 +100,7 @@ def test_a_report_patches_only_status_runtime_of_its_own_run(
     assert status["runtime"]["lastCheckpoint"]["path"] == "/ckpt/tiny/step_20"
     assert status["runtime"].get("restoreError") is None  # a null in a merge patch removes the key
 
-    with caplog.at_level(logging.WARNING, logger="trainingrun_runtime.driver.reporting"):
+    with caplog.at_level(logging.WARNING, logger="trainingrun_runtime.sdk.reporting"):
         reporting.KubernetesReporter("other", namespace, kubeconfig=str(kubeconfig), attempts=1).report(_status(30))
     assert "Forbidden" in caplog.text or "403" in caplog.text
     assert "runtime" not in _get(control_plane, namespace, "other").get("status", {})

@@ -1,5 +1,5 @@
 """The preemption notice on real local Ray with real TransferQueue: the head pod's preStop hook (played here by
-writing its request, `driver.notice`) reaches the controller at a step boundary.
+writing its request, `sdk.notice`) reaches the controller at a step boundary.
 
 - With time to spare, the driver saves the step it is at (reason PreemptionNotice), answers, and exits 5
   (`Preempted:`); the next attempt resumes from that step and the run ends with the weights of a run that was never
@@ -22,7 +22,8 @@ import pytest
 
 from support import launcher, weights
 from support.uninterrupted import References
-from trainingrun_runtime.driver import events, notice
+from trainingrun_runtime.driver import events
+from trainingrun_runtime.sdk import notice
 from trainingrun_runtime.storage import verification
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

@@ -12,7 +12,7 @@ verdict):
    anything else (the step failed verification)                   -> FailedRestore
    the head pod is being deleted and its grace period has not ended, or it has DisruptionTarget, is not deleted
    yet and its grace period counted from the condition has not ended (the driver may be saving on its preStop
-   notice, `trainingrun_runtime.driver.notice`), its container runs, the driver has no verdict yet
+   notice, `trainingrun_runtime.sdk.notice`), its container runs, the driver has no verdict yet
                                                                   -> still going (`grace_left` says until when);
    ending it now would drop the notice checkpoint's report (an ended attempt's reports are not recorded)
 2. the head pod has (or, now gone, was last seen with) DisruptionTarget,

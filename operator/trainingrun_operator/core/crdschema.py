@@ -45,8 +45,9 @@ _BOUNDS = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems
 
 
 def trainer_schema() -> dict[str, Any]:
-    """The OpenAPI schema of `spec.trainer`."""
-    return openapi(TrainerConfig)
+    """The OpenAPI schema of `spec.trainer`; `{}` when absent (a spec.driver program may need none, and the CRD's
+    rules read spec.trainer's fields)."""
+    return {**openapi(TrainerConfig), "default": {}}
 
 
 def openapi(model: type[pydantic.BaseModel]) -> dict[str, Any]:

@@ -61,6 +61,8 @@ __all__ = [
     "CheckpointSpec",
     "CheckpointsStatus",
     "Condition",
+    "DriverSpec",
+    "EnvVar",
     "Identity",
     "Message",
     "ObjectMeta",
@@ -320,13 +322,57 @@ class RestartPolicy(_Wire):
     start, restore, the first step); 0: no bound before the first report."""
 
 
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""An environment variable's name in spec.driver.env: a shell identifier (the entrypoint is a shell command line)."""
+RESERVED_ENV_PREFIX = "TRAININGRUN_"
+"""spec.driver.env may not set these: the operator's own (`contract.ATTACH_ENV`)."""
+
+
+class EnvVar(_Wire):
+    """An environment variable of the program, as in a Pod's container (a literal value)."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=ENV_NAME_PATTERN)
+    value: str = Field(default="", max_length=4096)
+
+    @model_validator(mode="after")
+    def _not_ours(self) -> EnvVar:
+        if self.name.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(
+                f"env name {self.name!r}: names starting with {RESERVED_ENV_PREFIX} are the operator's (it passes "
+                "the attempt in TRAININGRUN_ATTACH); rename it"
+            )
+        return self
+
+
+class DriverSpec(_Wire):
+    """A program of the user's instead of the built-in GRPO driver: run on the head by the RayJob, attached to the
+    attempt through `trainingrun_runtime.sdk` (docs/sdk.md)."""
+
+    entrypoint: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    """The command and its arguments (`["python", "/app/train.py"]`); not a shell line: each item is quoted."""
+    env: list[EnvVar] | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _names_once(self) -> DriverSpec:
+        names = [e.name for e in self.env or []]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"driver.env names {twice} more than once; keep one of each")
+        return self
+
+
 class TrainingRunSpec(_Wire):
     """What the user asks for."""
 
     image: str = Field(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     ray: RayClusterShape
-    trainer: dict[str, Any]
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """The built-in driver's GRPO config; with `driver`, the program's settings (handed to it as JSON)."""
+    driver: DriverSpec | None = None
+    """A program of the user's instead of the built-in driver (None: the built-in GRPO driver)."""
     checkpoint: CheckpointSpec
     resume: ResumeSpec = Field(default_factory=ResumeSpec)
     restart_policy: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -373,6 +419,8 @@ class RuntimeReport(_Wire):
     last_checkpoint: CheckpointRecord | None = None
     restore_error: str | None = None
     finished: bool | None = None
+    metrics: dict[str, float] | None = Field(default=None, max_length=16)
+    """A spec.driver program's other figures at its newest reported step (`sdk.Run.report`)."""
     bad_checkpoints: list[BadCheckpoint] | None = None
     """Checkpoints this attempt's driver passed over (the pinned step, or older ones) because they failed
     verification; the operator adds them to `checkpoints.bad`."""

@@ -7,6 +7,9 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
       spec.entrypoint            python -m trainingrun_runtime --run ... --attempt N --resume <step|latest> ...
                                  --root /checkpoints/<path>/<namespace> --legacy-root /checkpoints/<path>
                                  --run-uid UID [--fallback S,S (older recorded steps, if the pinned one is bad)]
+                                 or, with spec.driver: env TRAININGRUN_ATTACH=<the same facts as JSON> NAME=VALUE...
+                                 <spec.driver.entrypoint...> (`program_entrypoint`; the program attaches through
+                                 `trainingrun_runtime.sdk`)
       spec.submissionMode        HTTPMode (KubeRay submits to the head's dashboard; no submitter pod)
       spec.backoffLimit          0       (retries are ours: a new attempt, a new RayJob)
       spec.shutdownAfterJobFinishes true (the Ray cluster goes when the driver exits)
@@ -14,7 +17,7 @@ Called by `handlers.py` when the decision core asks for `CreateAttempt`. The sha
         headGroupSpec            one pod, the per-run ServiceAccount (the driver patches status.runtime); it runs
                                  the driver and everything that holds run state (pinned there by the driver);
                                  terminationGracePeriodSeconds from the spec, and a preStop hook that asks the
-                                 driver to save and stop within it (`trainingrun_runtime.driver.notice`)
+                                 driver to save and stop within it (`trainingrun_runtime.sdk.notice`)
         workerGroupSpecs[]       replicas fixed (min = max = replicas), no API token mounted; rayStartParams
                                  resources += {"trainingrun_generation": 1000}: only generation workers ask for it
         every pod                the checkpoint PVC at /checkpoints, a memory-backed /dev/shm (sizeLimit: the
@@ -33,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainingrun_operator.core import model, naming, podtemplate, queueing, validation
+from trainingrun_runtime import contract
 from trainingrun_runtime.config import GENERATION_RESOURCE, TRAINER_RESOURCE
 
 __all__ = [
@@ -40,11 +44,13 @@ __all__ = [
     "CONTAINER_HEAD",
     "CONTAINER_WORKER",
     "GENERATION_SLOTS",
+    "attachment",
     "build_rayjob",
     "checkpoint_root",
     "entrypoint",
     "legacy_checkpoint_root",
     "notice_hook",
+    "program_entrypoint",
 ]
 
 CHECKPOINT_MOUNT = podtemplate.CHECKPOINT_MOUNT
@@ -117,6 +123,46 @@ def entrypoint(
     return shlex.join(argv)
 
 
+def attachment(
+    run: str,
+    namespace: str,
+    attempt: int,
+    resume: int | None,
+    spec: model.TrainingRunSpec,
+    *,
+    root: str,
+    reporter: str,
+    uid: str | None,
+    fallback: Sequence[int] = (),
+    manifest_blake3: Mapping[int, str] | None = None,
+) -> contract.Attachment:
+    """What a spec.driver program is told of its attempt (`contract.ATTACH_ENV`): the built-in driver's arguments."""
+    pinned = resume is not None
+    return contract.Attachment(
+        run=run,
+        namespace=namespace,
+        attempt=attempt,
+        runUid=uid,
+        root=root,
+        resume=resume,
+        fallback=sorted(fallback, reverse=True) if pinned else [],
+        manifestBlake3={str(s): h for s, h in sorted((manifest_blake3 or {}).items())} if pinned else {},
+        reporter=reporter,
+        savePeriod=spec.checkpoint.save_period,
+        keepLast=spec.checkpoint.retention.keep_last,
+        keepEvery=spec.checkpoint.retention.keep_every,
+        trainer=dict(spec.trainer),
+    )
+
+
+def program_entrypoint(driver: model.DriverSpec, attached: contract.Attachment) -> str:
+    """The RayJob's entrypoint for a spec.driver program: `env`, the attachment and spec.driver.env, then the
+    program's command; every word shell-quoted (all of it comes from the user)."""
+    assignments = [f"{contract.ATTACH_ENV}={json.dumps(attached, sort_keys=True, separators=(',', ':'))}"]
+    assignments += [f"{e.name}={e.value}" for e in driver.env or []]
+    return shlex.join(["env", *assignments, *driver.entrypoint])
+
+
 def manifest_hashes_arg(manifest_blake3: Mapping[int, str]) -> str:
     """The driver's `--manifest-blake3` value: STEP=HEX pairs, by step."""
     return ",".join(f"{step}={digest}" for step, digest in sorted(manifest_blake3.items()))
@@ -155,7 +201,7 @@ def notice_hook(run: str, namespace: str, attempt: int, spec: model.TrainingRunS
     return [
         "python",
         "-m",
-        "trainingrun_runtime.driver.notice",
+        "trainingrun_runtime.sdk.notice",
         "--root",
         checkpoint_root(spec, namespace),
         "--run",
@@ -242,8 +288,16 @@ def build_rayjob(
     ]
     if workers:
         cluster["workerGroupSpecs"] = workers
+    if spec.driver is not None:
+        attached = attachment(
+            run, namespace, attempt, resume, spec, root=checkpoint_root(spec, namespace), reporter="kubernetes",
+            uid=uid, fallback=fallback, manifest_blake3=manifest_blake3,
+        )  # fmt: skip
+        command = program_entrypoint(spec.driver, attached)
+    else:
+        command = entrypoint(run, namespace, attempt, resume, spec, uid, fallback, manifest_blake3)
     job_spec: dict[str, Any] = {
-        "entrypoint": entrypoint(run, namespace, attempt, resume, spec, uid, fallback, manifest_blake3),
+        "entrypoint": command,
         "submissionMode": "HTTPMode",
         "backoffLimit": 0,
         "shutdownAfterJobFinishes": True,  # also one of Kueue's rules for a RayJob it manages

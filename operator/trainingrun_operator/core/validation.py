@@ -292,14 +292,16 @@ def _resources_problem(at: Loc, params: Mapping[str, str] | None, whose: str) ->
 
 
 def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
-    """Every group's `rayStartParams` must be safe on the shell's command line; the head must hold the run state;
-    a worker group's `resources` must be one the builder can extend."""
+    """Every group's `rayStartParams` must be safe on the shell's command line; the head must hold the run state
+    (the built-in driver's: a spec.driver program places its own); a worker group's `resources` must be one the
+    builder can extend."""
     at: Loc = ("spec", "ray", "head")
     found = _start_param_problems(at, spec.ray.head.ray_start_params)
     resources = _resources_problem(at, spec.ray.head.ray_start_params, "the head")
     found += [resources] if resources is not None else []
     unsafe_cpus = any(p.loc == (*at, "rayStartParams", "num-cpus") for p in found)
-    head = None if unsafe_cpus else _head_problem(spec.ray.head)  # one problem for one num-cpus
+    builtin = spec.driver is None
+    head = None if unsafe_cpus or not builtin else _head_problem(spec.ray.head)  # one problem for one num-cpus
     found += [head] if head is not None else []
     for index, group in enumerate(spec.ray.workers or []):
         at = ("spec", "ray", "workers", index)
@@ -308,8 +310,7 @@ def _placement_problems(spec: model.TrainingRunSpec) -> list[Problem]:
         whose = f"worker group {group.name}; the operator adds {added} to it"
         resources = _resources_problem(at, group.ray_start_params, whose)
         found += [resources] if resources is not None else []
-    found += _trainer_pods_problems(spec)
-    return found
+    return found + (_trainer_pods_problems(spec) if builtin else [])
 
 
 def _trainer_pods_problems(spec: model.TrainingRunSpec) -> list[Problem]:

@@ -36,7 +36,7 @@ from typing import Any
 
 from trainingrun_operator.localmode import processes
 
-__all__ = ["MARKER_ENV", "DriverArgs", "DriverProcess", "bound_to_parent", "spawn"]
+__all__ = ["MARKER_ENV", "DriverArgs", "DriverProcess", "ProgramArgs", "bound_to_parent", "spawn"]
 
 MARKER_ENV = "TRAININGRUN_LOCAL_ATTEMPT"
 """The environment variable every process of a local attempt carries, so that all of them can be found."""
@@ -82,6 +82,23 @@ class DriverArgs:
             if value is not None:
                 argv += [flag, str(value)]
         return argv
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramArgs:
+    """A spec.driver program as an attempt's driver: its command, run where the YAML file is, attached through
+    `contract.ATTACH_ENV` (which `spawn` is given in `env`)."""
+
+    run: str
+    attempt: int
+    root: str
+    command: Sequence[str]
+    cwd: str | None = None
+
+    def argv(self, python: str = sys.executable) -> list[str]:
+        """The command; a leading `python` or `python3` is this Python (the venv's, which has trainingrun)."""
+        first, *rest = self.command
+        return [python if first in ("python", "python3") else first, *rest]
 
 
 @dataclasses.dataclass
@@ -161,7 +178,7 @@ class DriverProcess:
 
 
 def spawn(
-    args: DriverArgs,
+    args: DriverArgs | ProgramArgs,
     log_path: pathlib.Path,
     *,
     marker: str | None = None,
@@ -182,7 +199,12 @@ def spawn(
     child_env[MARKER_ENV] = mark
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(
-            bound_to_parent(args.argv()), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=child_env
+            bound_to_parent(args.argv()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=child_env,
+            cwd=args.cwd if isinstance(args, ProgramArgs) else None,
         )
     return DriverProcess(args.attempt, popen, log_path, mark)
 

@@ -276,6 +276,10 @@ class LocalRun:
     # ------------------------------------------------------------------------------------------ act
 
     def spawn(self, action: decision.CreateAttempt) -> None:
+        log_path = self.dir / "attempts" / str(action.number) / "driver.log"
+        if self.run.spec.driver is not None:
+            self._spawn_program(action, self.run.spec.driver, log_path)
+            return
         args = driver_process.DriverArgs(
             run=self.name,
             attempt=action.number,
@@ -286,17 +290,35 @@ class LocalRun:
             manifest_blake3=rayjob.manifest_hashes_arg(dict(action.manifest_blake3))
             if action.resume is not None
             else None,
-            # No metadata.uid without an API server: the run's first start time names this run (a fresh
-            # status.json is a new run, which takes the directory over from any driver of the old one).
-            run_uid=f"local-{self.name}-{self.status.get('startTime')}",
+            run_uid=self._run_uid(),
         )
-        log_path = self.dir / "attempts" / str(action.number) / "driver.log"
         env = {}
         if self.files_dir is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.files_dir), os.environ.get("PYTHONPATH")) if p)
         proc = driver_process.spawn(args, log_path, marker=marker(self.dir, os.getpid(), action.number), env=env)
         self.procs[action.number] = proc
         logger.debug("attempt %d: pid %d", action.number, proc.pid)
+
+    def _run_uid(self) -> str:
+        """No metadata.uid without an API server: the run's first start time names this run (a fresh status.json is
+        a new run, which takes the directory over from any driver of the old one)."""
+        return f"local-{self.name}-{self.status.get('startTime')}"
+
+    def _spawn_program(self, action: decision.CreateAttempt, driver: model.DriverSpec, log_path: pathlib.Path) -> None:
+        """A spec.driver program as the attempt's driver, in the YAML file's directory, told its attempt in
+        `contract.ATTACH_ENV` (the reporter: runtime.json, as the built-in driver's locally)."""
+        attached = rayjob.attachment(
+            self.name, NAMESPACE, action.number, action.resume, self.run.spec, root=str(self.namespace_root),
+            reporter="file", uid=self._run_uid(), fallback=action.fallback,
+            manifest_blake3=dict(action.manifest_blake3),
+        )  # fmt: skip
+        env = {e.name: e.value for e in driver.env or []}
+        env[contract.ATTACH_ENV] = json.dumps(attached, sort_keys=True)
+        cwd = str(self.files_dir) if self.files_dir is not None else None
+        args = driver_process.ProgramArgs(self.name, action.number, str(self.namespace_root), driver.entrypoint, cwd)
+        proc = driver_process.spawn(args, log_path, marker=marker(self.dir, os.getpid(), action.number), env=env)
+        self.procs[action.number] = proc
+        logger.debug("attempt %d: program pid %d", action.number, proc.pid)
 
     def sweep_orphans(self) -> list[int]:
         """SIGKILL what a dead supervisor of this run directory left running (its reaper died with it, or was not
@@ -438,7 +460,11 @@ def _progress(run: LocalRun) -> Iterator[Callable[[LocalRun], None]]:
 
 
 def plot_rewards(run_dir: pathlib.Path, status: Mapping[str, Any]) -> pathlib.Path | None:
-    """reward.png: reward per step, one colour per attempt, resume points marked. None without matplotlib."""
+    """reward.png: reward per step, one colour per attempt, resume points marked. None without matplotlib, or when
+    no attempt logged a reward (a spec.driver program that reports none)."""
+    rewards = {attempt: points for attempt, points in sorted(read_rewards(run_dir).items()) if points}
+    if not rewards:
+        return None
     try:
         import matplotlib
 
@@ -448,9 +474,8 @@ def plot_rewards(run_dir: pathlib.Path, status: Mapping[str, Any]) -> pathlib.Pa
         logger.warning("matplotlib is not installed; no reward plot")
         return None
     figure, axes = plt.subplots(figsize=(8, 4))
-    for attempt, points in sorted(read_rewards(run_dir).items()):
-        if points:
-            axes.plot([s for s, _ in points], [r for _, r in points], marker=".", label=f"attempt {attempt}")
+    for attempt, points in rewards.items():
+        axes.plot([s for s, _ in points], [r for _, r in points], marker=".", label=f"attempt {attempt}")
     for record in status.get("attempts") or []:
         if record.get("resumedFrom") is not None:
             axes.axvline(record["resumedFrom"], color="grey", linestyle=":", linewidth=1)

@@ -40,10 +40,10 @@ from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
 from trainingrun_runtime.dataplane.row_client import DataPlaneClient
-from trainingrun_runtime.driver import reporting
 from trainingrun_runtime.driver.telemetry import DriverMetrics
 from trainingrun_runtime.errors import AttemptEnded, InventoryMismatch
 from trainingrun_runtime.grpo import trainer
+from trainingrun_runtime.sdk import reporting
 from trainingrun_runtime.storage import fence, layout, retention
 
 if TYPE_CHECKING:

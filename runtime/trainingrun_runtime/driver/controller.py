@@ -66,9 +66,7 @@ from trainingrun_runtime.driver import (
     crashpoints,
     events,
     generation_workers,
-    notice,
     placement,
-    reporting,
     restore,
     telemetry,
     trainers,
@@ -76,6 +74,7 @@ from trainingrun_runtime.driver import (
 from trainingrun_runtime.errors import PreflightError
 from trainingrun_runtime.grpo import objective, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
+from trainingrun_runtime.sdk import notice, reporting
 
 __all__ = [
     "PARTITION",

@@ -46,7 +46,7 @@ import pydantic
 
 from trainingrun_runtime import config, contract, timestamps
 from trainingrun_runtime.contract import Exit, Prefix
-from trainingrun_runtime.driver import events, logformat, reporting, restore, setup
+from trainingrun_runtime.driver import events, logformat, restore, setup
 from trainingrun_runtime.errors import (
     ConfigMismatch,
     DigestError,
@@ -59,6 +59,7 @@ from trainingrun_runtime.errors import (
     Superseded,
     TrainerLost,
 )
+from trainingrun_runtime.sdk import reporting
 from trainingrun_runtime.storage import checksum
 
 __all__ = [

@@ -54,6 +54,7 @@ from trainingrun_runtime.errors import (
 )
 from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
+from trainingrun_runtime.sdk import attached
 from trainingrun_runtime.storage import layout, manifest
 
 __all__ = [
@@ -74,8 +75,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROBLEM_CHARS = 500
-"""A rejected checkpoint's problem, as reported, is cut to this (the CRD bounds the field)."""
+PROBLEM_CHARS = attached.PROBLEM_CHARS
+rejected_steps = attached.rejected_steps
+"""The step_N checkpoints among skipped ones, as a report lists them: the SDK's, one implementation for both."""
 
 VERIFICATION_ERRORS: tuple[type[Exception], ...] = (CheckpointCorrupt, DigestError, PreflightError, LedgerError)
 """What a step that fails verification raises: damaged or incomplete files (`CheckpointCorrupt`, of which
@@ -223,16 +225,6 @@ def _pinned_or_older(
         return None if chosen is None else dataclasses.replace(chosen, skipped=rejected)
     tried = "; ".join(f"{path.name}: {why}" for path, why in rejected)
     raise NoRecordedCheckpointVerifies(f"no recorded checkpoint verifies ({tried})", rejected)
-
-
-def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[contract.BadCheckpointReport]:
-    """The step_N checkpoints among `skipped` (not leftovers such as tmp_step_N), as the driver reports them."""
-    found = []
-    for path, problem in skipped:
-        step = layout.step_of(path.name)
-        if step is not None:
-            found.append(contract.BadCheckpointReport(step=step, problem=problem[:PROBLEM_CHARS]))
-    return found
 
 
 def check_data(saved: manifest.Manifest, fingerprint: str) -> None:

@@ -51,13 +51,13 @@ from trainingrun_runtime.driver import (
     generation_workers,
     logformat,
     placement,
-    reporting,
     restore,
     trainers,
 )
 from trainingrun_runtime.errors import GenerationLost
 from trainingrun_runtime.grpo import workload
-from trainingrun_runtime.storage import fence, layout, retention
+from trainingrun_runtime.sdk import attached, reporting
+from trainingrun_runtime.storage import fence, layout
 
 __all__ = ["DriverOptions", "Setup", "adopt_legacy_run_dir", "setup_single_controller"]
 
@@ -266,21 +266,9 @@ def _kill(actors: list[Any]) -> None:
 
 
 def _set_aside_orphans(opts: DriverOptions, reporter: reporting.Reporter) -> list[int]:
-    """With a pinned resume step: set aside the steps above it that the status records nowhere (`retention`).
-
-    Nothing is moved when the operator's view cannot be read, or when there is none (a bare driver, no supervisor's
-    status): retention's lineage still protects every step.
-    """
-    if opts.resume == "latest" or not opts.resume.isdigit():
-        return []
-    view = reporter.operator_view()
-    if view is None:
-        log.warning("steps above the resume point were not set aside: the operator's view could not be read")
-        return []
-    if not view.supervised:  # a bare driver: no status says which steps are recorded
-        return []
-    recorded = view.recorded | set(opts.fallback)
-    return retention.set_aside(opts.root, opts.run, above=int(opts.resume), recorded=recorded)
+    """With a pinned resume step: set aside the steps above it that the status records nowhere (the SDK's rule)."""
+    pinned = int(opts.resume) if opts.resume.isdigit() else None
+    return attached.set_aside_orphans(opts.root, opts.run, pinned, opts.fallback, reporter)
 
 
 def _load_generators(generators: list[Any], the_trainers: trainers.Trainers, *, version: int, within_s: float) -> None:

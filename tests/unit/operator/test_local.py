@@ -22,7 +22,7 @@ from trainingrun_operator.core import decision
 from trainingrun_operator.core.classification import Context, FailureClass, classify
 from trainingrun_operator.localmode import driver_process, local, runfile
 from trainingrun_runtime import contract
-from trainingrun_runtime.driver import reporting
+from trainingrun_runtime.sdk import reporting
 
 RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_not_ready_seconds=60.0, running=True)
 

@@ -450,7 +450,7 @@ def test_the_rayjob_builder_merges_each_groups_template() -> None:
     assert head["spec"]["serviceAccountName"] == "tiny-driver"
     assert head["spec"]["priorityClassName"] == templates.PRIORITY_CLASS
     assert containers(head)["ray-head"]["lifecycle"]["preStop"]["exec"]["command"][2] == (
-        "trainingrun_runtime.driver.notice"
+        "trainingrun_runtime.sdk.notice"
     )
     assert worker["spec"]["serviceAccountName"] == templates.WORKER_SERVICE_ACCOUNT
     assert worker["spec"]["automountServiceAccountToken"] is False

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jsonschema
+import pydantic
 import pytest
 import yaml
 
 from support import templates
 from trainingrun_operator.core import identity, model, queueing, rayjob
+from trainingrun_runtime import contract, sdk
 from trainingrun_runtime.config import RuntimeConfig
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "manifests" / "examples"
@@ -291,7 +293,7 @@ def test_the_head_asks_the_driver_to_save_on_its_notice_within_its_grace_period(
     head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head["terminationGracePeriodSeconds"] == model.HEAD_GRACE_SECONDS
     hook = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[:3] == ["python", "-m", "trainingrun_runtime.driver.notice"]
+    assert hook[:3] == ["python", "-m", "trainingrun_runtime.sdk.notice"]
     args = dict(zip(hook[3::2], hook[4::2], strict=True))
     assert args == {
         "--root": "/checkpoints/trainingruns/ns",
@@ -369,3 +371,42 @@ def test_an_unqueued_runs_rayjob_is_not_suspended_and_has_no_kueue_labels() -> N
     job = rayjob.build_rayjob("demo", "ns", "uid-1", 1, None, spec_of("tiny.yaml"))
     assert "suspend" not in job["spec"]
     assert not any(key.startswith("kueue.x-k8s.io/") for key in job["metadata"]["labels"])
+
+
+def test_a_driver_programs_rayjob_runs_its_command_with_the_attempt_in_trainingrun_attach_and_its_env() -> None:
+    body = rayjob.build_rayjob(
+        "plain-torch", "team-a", "uid-7", 3, 200, spec_of("plain-torch.yaml"), fallback=(100,),
+        manifest_blake3={200: "a" * 64, 100: "b" * 64},
+    )  # fmt: skip
+    words = shlex.split(body["spec"]["entrypoint"])
+    assert words[0] == "env" and words[-3:] == ["python", "-m", "trainingrun_runtime.examples.plain_torch"]
+    assignments = dict(w.split("=", 1) for w in words[1:-3])
+    assert assignments["OMP_NUM_THREADS"] == "1"
+    attached = sdk.attached.parse_attachment(assignments[contract.ATTACH_ENV])
+    assert attached == {
+        "run": "plain-torch", "namespace": "team-a", "attempt": 3, "runUid": "uid-7",
+        "root": "/checkpoints/team-a", "resume": 200, "fallback": [100],
+        "manifestBlake3": {"100": "b" * 64, "200": "a" * 64}, "reporter": "kubernetes", "savePeriod": 100,
+        "keepLast": 3, "keepEvery": None, "trainer": {"steps": 3000, "seed": 0, "grpo": {"lr": 0.001}},
+    }  # fmt: skip
+    head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][:3] == [
+        "python", "-m", "trainingrun_runtime.sdk.notice",
+    ]  # fmt: skip
+
+
+def test_a_value_the_shell_would_read_reaches_the_program_as_one_word() -> None:
+    spec = spec_of("plain-torch.yaml").wire()
+    spec["driver"] = {"entrypoint": ["python", "train.py", "--note", "a b; rm -rf / $(x)"],
+                      "env": [{"name": "NOTE", "value": "it's `here`"}]}  # fmt: skip
+    body = rayjob.build_rayjob("p", "ns", "u", 1, None, model.TrainingRunSpec.model_validate(spec))
+    words = shlex.split(body["spec"]["entrypoint"])
+    assert words[-4:] == ["python", "train.py", "--note", "a b; rm -rf / $(x)"]
+    assert "NOTE=it's `here`" in words
+
+
+def test_an_env_name_of_the_operators_own_is_refused_naming_the_field() -> None:
+    spec = spec_of("plain-torch.yaml").wire()
+    spec["driver"]["env"] = [{"name": "TRAININGRUN_ATTACH", "value": "{}"}]
+    with pytest.raises(pydantic.ValidationError, match=r"driver\.env\.0[\s\S]*operator's"):
+        model.TrainingRunSpec.model_validate(spec)

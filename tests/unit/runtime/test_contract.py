@@ -55,6 +55,7 @@ def test_the_reports_field_names_are_the_wire_values() -> None:
         "finished",
         "badCheckpoints",
         "orphanedCheckpoints",
+        "metrics",
     }
     assert set(contract.CheckpointReport.__annotations__) == {
         "step",
@@ -67,7 +68,15 @@ def test_the_reports_field_names_are_the_wire_values() -> None:
         "reason",
     }
     assert set(contract.BadCheckpointReport.__annotations__) == {"step", "problem"}
-    assert contract.PROGRESS_FIELDS == {"step", "reward", "updated"}
+    assert contract.PROGRESS_FIELDS == {"step", "reward", "updated", "metrics"}
+
+
+def test_the_attachment_a_program_is_handed_is_the_wire_values() -> None:
+    assert contract.ATTACH_ENV == "TRAININGRUN_ATTACH"
+    assert set(contract.Attachment.__annotations__) == {
+        "run", "namespace", "attempt", "runUid", "root", "resume", "fallback", "manifestBlake3", "reporter",
+        "savePeriod", "keepLast", "keepEvery", "trainer",
+    }  # fmt: skip
 
 
 def test_the_local_report_file_is_under_the_attempts_directory(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from support.bundles import save_as
 from trainingrun_runtime import config
-from trainingrun_runtime.driver import reporting, setup
+from trainingrun_runtime.driver import setup
+from trainingrun_runtime.sdk import reporting
 
 RUN = "demo"
 

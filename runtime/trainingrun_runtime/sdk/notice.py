@@ -1,7 +1,7 @@
 """The preemption notice: the head pod is about to go; the driver cuts a checkpoint it can finish in time, and stops.
 
     kubelet deletes the head pod (eviction, preemption, node drain, spot reclaim)
-      └─ runs the Ray container's preStop hook:  python -m trainingrun_runtime.driver.notice --root R --run X
+      └─ runs the Ray container's preStop hook:  python -m trainingrun_runtime.sdk.notice --root R --run X
                                                    --attempt N --grace-seconds G
            writes R/X/attempts/N/notice.json {"deadline": t, "reason": ...}   (the request)
            waits for R/X/attempts/N/notice-answer.json, or until the deadline (then gives up: SIGTERM follows)
@@ -157,7 +157,7 @@ def time_for_a_save(now: float, deadline: float, save_s: float | None, step_s: f
 
 def main(argv: list[str] | None = None) -> int:
     """The preStop hook: request a save, wait for the answer or the deadline; always exit 0."""
-    p = argparse.ArgumentParser(prog="python -m trainingrun_runtime.driver.notice", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m trainingrun_runtime.sdk.notice", description=__doc__)
     p.add_argument("--root", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--attempt", type=int, required=True)

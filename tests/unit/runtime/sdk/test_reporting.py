@@ -13,7 +13,7 @@ import pytest
 
 from support.loop import settle
 from trainingrun_runtime import contract, timestamps
-from trainingrun_runtime.driver import reporting
+from trainingrun_runtime.sdk import reporting
 
 
 class Recorder:

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainingrun_runtime.driver import notice
+from trainingrun_runtime.sdk import notice
 
 
 def test_a_request_is_pending_for_its_attempt_only(tmp_path: Path) -> None:
