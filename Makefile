@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[operator,runtime,dev]'
+	$(PY) -m pip install -q -e '.[operator,runtime,trl,dev]'
 	touch $@
 
 demo: install

@@ -5,6 +5,8 @@ real torch and the real supervisor (no Ray: the programs use none; `integration`
   with the weights of an uninterrupted run.
 - A notice (the head's preStop request) is answered with a checkpoint of the step reached: no step lost, counted as
   a preemption, and the next attempt resumes from it.
+- The TRL example (GRPOTrainer with the SDK's callback), killed at random, resumes the Trainer from its recorded
+  steps and finishes; on a notice it saves the step reached, and the Trainer resumes from that step.
 - A hung program is ended as Stalled at its progress deadline; the next attempt resumes.
 - A program that crashes again and again before it saves anything spends the failure budget and the run fails; a
   preemption before them spends none.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -65,6 +68,14 @@ def status_of(root: pathlib.Path, name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def newest_reported(root: pathlib.Path, name: str, attempt: int) -> int:
+    """The newest checkpoint `attempt` reported (its runtime.json's lastCheckpoint): what the next one resumes from
+    after a kill (status.checkpoints.history loses the steps that retention deleted)."""
+    report = json.loads((root / "local" / name / "attempts" / str(attempt) / "runtime.json").read_text())
+    step: int = report["lastCheckpoint"]["step"]
+    return step
+
+
 def final_state(root: pathlib.Path, name: str, step: int) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(root / "local" / name / f"step_{step}" / "state.pt", weights_only=True)
     return state
@@ -86,9 +97,8 @@ def test_the_plain_torch_example_killed_at_random_resumes_and_ends_with_the_unin
     attempts = status["attempts"]
     assert len(attempts) >= 2, "--chaos killed at least one attempt"
     assert [a["reason"] for a in attempts] == ["Preempted"] * (len(attempts) - 1) + ["Succeeded"]
-    recorded = {c["step"] for c in status["checkpoints"]["history"]}
     for attempt in attempts[1:]:
-        assert attempt["resumedFrom"] in recorded, f"attempt {attempt['number']} resumed from a recorded step"
+        assert attempt["resumedFrom"] == newest_reported(tmp_path, "chaos", attempt["number"] - 1), attempt
     assert status["restarts"]["applicationFailure"] == 0
 
     got, want = final_state(tmp_path, "chaos", 6000), final_state(tmp_path, "reference", 6000)
@@ -109,12 +119,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [torch.tensor(float(value))] if isinstance(value, int | float) else []
 
 
-@pytest.mark.timeout(600)
-def test_a_notice_is_answered_with_a_checkpoint_of_the_step_reached_and_the_next_attempt_resumes_from_it(
-    tmp_path: pathlib.Path,
-) -> None:
-    path = scripted(tmp_path, "noticed", "", steps=200, checkpoint={"savePeriod": 1000})  # no save but the notice's
-    log = tmp_path / "noticed.log"
+def notice_during(tmp_path: pathlib.Path, path: pathlib.Path, name: str, *, after: int) -> notice.Answer:
+    """Runs `path` with `trainingrun run` and, once attempt 1 has reported step `after`, makes the head's request
+    (`notice.request`, as the preStop hook does); returns the answer, after the run ended."""
+    log = tmp_path / f"{name}.log"
     with open(log, "wb") as out:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "trainingrun_operator.cli", "run", str(path), "--root", str(tmp_path)],
@@ -123,17 +131,20 @@ def test_a_notice_is_answered_with_a_checkpoint_of_the_step_reached_and_the_next
     try:
         root = tmp_path / "local"
         waiting.wait(
-            lambda: notice.listening(root, "noticed", 1) and (status_of(tmp_path, "noticed").get("runtime") or {})
-            .get("step", 0) >= 10,
-            timeout=120, what="attempt 1 to listen and report step 10", diagnostics=log.read_text,
+            lambda: notice.listening(root, name, 1)
+            and (status_of(tmp_path, name).get("runtime") or {}).get("step", 0) >= after,
+            timeout=180, what=f"attempt 1 to listen and report step {after}", diagnostics=log.read_text,
         )  # fmt: skip
-        notice.request(root, "noticed", 1, deadline=time.time() + 60, reason="the test deletes the head")
-        answer = notice.wait_for_answer(root, "noticed", 1, deadline=time.time() + 60)
-        assert answer is not None and answer.step is not None and answer.step >= 10, answer
-        assert supervisor.wait(timeout=300) == 0, log.read_text()[-3000:]
+        notice.request(root, name, 1, deadline=time.time() + 60, reason="the test deletes the head")
+        answer = notice.wait_for_answer(root, name, 1, deadline=time.time() + 60)
+        assert answer is not None and answer.step is not None and answer.step >= after, answer
+        assert supervisor.wait(timeout=400) == 0, log.read_text()[-3000:]
     finally:
         supervisor.kill()
-    status = status_of(tmp_path, "noticed")
+    return answer
+
+
+def assert_resumed_from_the_notice(status: dict[str, Any], answer: notice.Answer) -> None:
     first, second = status["attempts"][:2]
     assert (first["reason"], first.get("stepsLost", 0)) == ("Preempted", 0)
     assert second["resumedFrom"] == answer.step
@@ -141,6 +152,66 @@ def test_a_notice_is_answered_with_a_checkpoint_of_the_step_reached_and_the_next
     assert (status["phase"], status["restarts"]["preempted"], status["restarts"]["applicationFailure"]) == (
         "Succeeded", 1, 0,
     )  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_a_notice_is_answered_with_a_checkpoint_of_the_step_reached_and_the_next_attempt_resumes_from_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = scripted(tmp_path, "noticed", "", steps=200, checkpoint={"savePeriod": 1000})  # no save but the notice's
+    answer = notice_during(tmp_path, path, "noticed", after=10)
+    assert_resumed_from_the_notice(status_of(tmp_path, "noticed"), answer)
+
+
+TRL_EXAMPLE = REPO / "manifests" / "examples" / "trl-grpo.yaml"
+
+
+def trl_run(tmp_path: pathlib.Path, name: str, *, steps: int, save_period: int) -> pathlib.Path:
+    doc = yaml.safe_load(TRL_EXAMPLE.read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["trainer"]["steps"] = steps
+    doc["spec"]["checkpoint"]["savePeriod"] = save_period
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def first_reported(tmp_path: pathlib.Path, name: str, attempt: int) -> int:
+    """The first step an attempt of the TRL example reported (its log's first `step N:` line: the SDK logs the first
+    report at once, and the Trainer logs every step)."""
+    log = (tmp_path / "local" / name / "attempts" / str(attempt) / "driver.log").read_text()
+    found = re.search(r"INFO step (\d+):", log)
+    assert found is not None, log[-2000:]
+    return int(found.group(1))
+
+
+@pytest.mark.timeout(900)
+def test_the_trl_example_killed_at_random_resumes_the_trainer_from_its_recorded_steps_and_finishes(
+    tmp_path: pathlib.Path,
+) -> None:
+    steps = 300
+    path = trl_run(tmp_path, "trl-chaos", steps=steps, save_period=10)
+    result = trainingrun("run", str(path), "--root", str(tmp_path), "--chaos", "--chaos-seed", "7", timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    status = status_of(tmp_path, "trl-chaos")
+    attempts = status["attempts"]
+    assert len(attempts) >= 2, "--chaos killed at least one attempt"
+    assert [a["reason"] for a in attempts] == ["Preempted"] * (len(attempts) - 1) + ["Succeeded"]
+    for attempt in attempts[1:]:
+        assert attempt["resumedFrom"] == newest_reported(tmp_path, "trl-chaos", attempt["number"] - 1), attempt
+        assert first_reported(tmp_path, "trl-chaos", attempt["number"]) == attempt["resumedFrom"] + 1, (
+            "the Trainer resumed from the recorded step"
+        )
+    final = json.loads((tmp_path / "local" / "trl-chaos" / f"step_{steps}" / "trainer_state.json").read_text())
+    assert final["global_step"] == steps
+
+
+@pytest.mark.timeout(900)
+def test_the_trl_example_saves_on_the_notice_and_the_trainer_resumes_from_that_step(tmp_path: pathlib.Path) -> None:
+    path = trl_run(tmp_path, "trl-notice", steps=300, save_period=1000)  # no save but the notice's and the last
+    answer = notice_during(tmp_path, path, "trl-notice", after=20)
+    assert_resumed_from_the_notice(status_of(tmp_path, "trl-notice"), answer)
+    assert first_reported(tmp_path, "trl-notice", 2) == answer.step + 1, "the Trainer resumed from the notice's step"
 
 
 @pytest.mark.timeout(600)
