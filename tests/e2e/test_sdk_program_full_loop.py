@@ -9,6 +9,10 @@ ServiceAccount.
   resumes from it.
 - The run ends with the weights and optimizer state of the same spec run uninterrupted (`trainingrun run`),
   bit for bit; no failure budget was spent.
+- The TRL example (GRPOTrainer with the SDK's callback), evicted the same two ways, resumes the Trainer from the
+  newest recorded step and from the notice's step, and finishes.
+- A program that hangs (tests/integration/programs/scripted.py) is ended as Stalled, and one that then crashes
+  before any progress spends the failure budget until the run fails.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ pytestmark = pytest.mark.e2e
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "manifests" / "examples" / "plain-torch.yaml"
+TRL_EXAMPLE = REPO / "manifests" / "examples" / "trl-grpo.yaml"
+SCRIPTED = REPO / "tests" / "integration" / "programs" / "scripted.py"
 SEED = 28
 STEPS = 20000
 
@@ -73,33 +79,14 @@ def test_a_program_evicted_without_and_with_grace_resumes_from_its_recorded_step
     loop: Loop, namespace: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
 ) -> None:
     rng = random.Random(seeds.chosen(request.node, default=SEED))
-    cap = loop.bed.runner.grace_cap
-    loop.bed.runner.grace_cap = 60.0  # the head's 30 s grace period, for the notice
-    try:
-        loop.plane.apply(loop.checkpoints_pvc("pt-checkpoints"), program_run("pt", "pt-checkpoints"),
-                         namespace=namespace)  # fmt: skip
-        loop.wait(lambda: recorded_by(loop.run_status(namespace, "pt"), 1), timeout=300,
-                  what="attempt 1's first recorded checkpoint")  # fmt: skip
-        time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the kill
-        chaos.evict(loop.plane, namespace, head_name(loop, namespace, "pt", 1), grace_seconds=0)
-
-        during = loop.wait(lambda: (lambda s: s if recorded_by(s, 2) else None)(loop.run_status(namespace, "pt")),
-                           timeout=300, what="attempt 2's first recorded checkpoint")  # fmt: skip
-        by_first = recorded_by(during, 1)
-        chaos.evict(loop.plane, namespace, head_name(loop, namespace, "pt", 2))  # with grace: the notice
-        noticed = loop.wait(
-            lambda: [c for c in history(loop.run_status(namespace, "pt")) if c["attempt"] == 2
-                     and c.get("reason") == "PreemptionNotice"],
-            timeout=120, what="the notice's checkpoint recorded",
-        )[0]  # fmt: skip
-        final = loop.wait_phase(namespace, "pt", "Succeeded", timeout=600)
-    finally:
-        loop.bed.runner.grace_cap = cap
+    loop.plane.apply(loop.checkpoints_pvc("pt-checkpoints"), program_run("pt", "pt-checkpoints"),
+                     namespace=namespace)  # fmt: skip
+    final, by_first, noticed = evicted_twice(loop, namespace, "pt", rng)
 
     first, second, third = final["attempts"][:3]
     assert first["reason"] == "Preempted", first
     assert by_first and second["resumedFrom"] == max(by_first), (second, by_first)  # the newest recorded by then
-    assert (second["reason"], second["stepsLost"], third["resumedFrom"]) == ("Preempted", 0, noticed["step"]), (
+    assert (second["reason"], second["stepsLost"], third["resumedFrom"]) == ("Preempted", 0, noticed), (
         second, third, noticed,
     )  # fmt: skip
     assert final["restarts"]["applicationFailure"] == 0 and final["restarts"]["preempted"] == 2
@@ -116,3 +103,72 @@ def test_a_program_evicted_without_and_with_grace_resumes_from_its_recorded_step
     assert torch.equal(state(directory / f"step_{STEPS}"), state(tmp_path / "local" / "pt" / f"step_{STEPS}")), (
         "the run resumed twice on the cluster ends with other weights than the uninterrupted one"
     )
+
+
+def evicted_twice(loop: Loop, namespace: str, name: str, rng: random.Random) -> tuple[dict[str, Any], list[int], int]:
+    """Evicts attempt 1's head without grace a random moment after its first recorded checkpoint, then attempt 2's
+    with grace (the notice) after its first; returns the final status, attempt 1's recorded steps as attempt 2 began,
+    and the notice's step."""
+    cap = loop.bed.runner.grace_cap
+    loop.bed.runner.grace_cap = 60.0  # the head's 30 s grace period, for the notice
+    try:
+        loop.wait(lambda: recorded_by(loop.run_status(namespace, name), 1), timeout=300,
+                  what=f"{name}: attempt 1's first recorded checkpoint")  # fmt: skip
+        time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the kill
+        chaos.evict(loop.plane, namespace, head_name(loop, namespace, name, 1), grace_seconds=0)
+        during = loop.wait(lambda: (lambda s: s if recorded_by(s, 2) else None)(loop.run_status(namespace, name)),
+                           timeout=300, what=f"{name}: attempt 2's first recorded checkpoint")  # fmt: skip
+        chaos.evict(loop.plane, namespace, head_name(loop, namespace, name, 2))  # with grace: the notice
+        noticed = loop.wait(
+            lambda: [c for c in history(loop.run_status(namespace, name)) if c["attempt"] == 2
+                     and c.get("reason") == "PreemptionNotice"],
+            timeout=120, what=f"{name}: the notice's checkpoint recorded",
+        )[0]  # fmt: skip
+        final = loop.wait_phase(namespace, name, "Succeeded", timeout=600)
+    finally:
+        loop.bed.runner.grace_cap = cap
+    return final, recorded_by(during, 1), noticed["step"]
+
+
+def test_the_trl_example_evicted_without_and_with_grace_resumes_the_trainer_from_its_recorded_steps(
+    loop: Loop, namespace: str, request: pytest.FixtureRequest
+) -> None:
+    rng = random.Random(seeds.chosen(request.node, default=SEED))
+    doc: dict[str, Any] = yaml.safe_load(TRL_EXAMPLE.read_text())
+    doc["metadata"]["name"] = "trl"
+    doc["spec"]["trainer"]["steps"] = 300
+    doc["spec"]["checkpoint"].update({"savePeriod": 10, "pvc": {"claimName": "trl-checkpoints"}})
+    loop.plane.apply(loop.checkpoints_pvc("trl-checkpoints"), doc, namespace=namespace)
+    final, by_first, noticed = evicted_twice(loop, namespace, "trl", rng)
+
+    first, second, third = final["attempts"][:3]
+    assert first["reason"] == "Preempted" and by_first and second["resumedFrom"] == max(by_first), (first, second)
+    assert (second["reason"], second["stepsLost"], third["resumedFrom"]) == ("Preempted", 0, noticed), (second, third)
+    directory = run_directory(loop, namespace, "trl-checkpoints", "trl")
+    trainer_state = yaml.safe_load((directory / "step_300" / "trainer_state.json").read_text())  # JSON is YAML
+    assert trainer_state["global_step"] == 300
+    assert final["restarts"]["applicationFailure"] == 0
+
+
+def test_a_hung_program_is_stalled_and_a_crash_loop_after_it_spends_the_failure_budget(
+    loop: Loop, namespace: str
+) -> None:
+    doc = program_run("hangs", "hangs-checkpoints")
+    doc["spec"]["driver"] = {
+        "entrypoint": ["python", str(SCRIPTED)],
+        "env": [{"name": "SCRIPT", "value": "1:hang,2:crash,3:crash"}],
+    }
+    doc["spec"]["trainer"]["steps"] = 40
+    doc["spec"]["checkpoint"]["savePeriod"] = 3
+    doc["spec"]["restartPolicy"] = {
+        "failureBudget": 3, "backoff": {"initialSeconds": 0, "maxSeconds": 1, "factor": 1},
+        "progressDeadlineSeconds": 5, "startupDeadlineSeconds": 120,
+    }  # fmt: skip
+    loop.plane.apply(loop.checkpoints_pvc("hangs-checkpoints"), doc, namespace=namespace)
+    final = loop.wait_phase(namespace, "hangs", "Failed", timeout=600)
+
+    attempts = final["attempts"]
+    assert [a["reason"] for a in attempts] == ["Stalled", "ApplicationFailure", "ApplicationFailure"], attempts
+    assert [a.get("resumedFrom") for a in attempts] == [None, 3, 3]  # it hung at step 5; step 3 was recorded
+    assert (final["restarts"]["stalled"], final["restarts"]["applicationFailure"]) == (1, 2)
+    assert "failure budget exhausted" in final["message"]

@@ -43,7 +43,7 @@ from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.driver.telemetry import DriverMetrics
 from trainingrun_runtime.errors import AttemptEnded, InventoryMismatch
 from trainingrun_runtime.grpo import trainer
-from trainingrun_runtime.sdk import reporting
+from trainingrun_runtime.sdk import attached, reporting
 from trainingrun_runtime.storage import fence, layout, retention
 
 if TYPE_CHECKING:
@@ -228,30 +228,14 @@ class Checkpoints:
         await self._retain(path)
 
     async def _retain(self, path: Path) -> None:
-        """Retention that never deletes the step the operator would resume from; stop if the attempt ended.
-
-        An attempt the operator has ended can live on for a while (a pod in its termination grace period
-        trains and saves on; a partitioned node): its reports are no longer recorded, so the step the next
-        attempt is pinned to falls behind, and plain keep-last retention would delete it.
-        """
+        """The SDK's retention (`sdk.attached.retain`): never the step the operator would resume from; AttemptEnded
+        if the operator ended this attempt."""
         cp = self._args.config.checkpoint
-        view = await asyncio.to_thread(self._args.status_reporter.operator_view)
-        if view is None:
-            log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
-            return
-        if view.ended(self._args.attempt):
-            raise AttemptEnded(
-                f"the operator ended attempt {self._args.attempt} (its current attempt: {view.attempt}); "
-                "this driver lives on after its attempt (a pod in its grace period, a partitioned node) and stops "
-                "writing checkpoints"
-            )
-        protect = () if view.pinned is None else (view.pinned,)
         lineage = retention.Lineage(resumed_from=self._args.restored.step, written=frozenset(self._written))
-        self._fence("apply retention")
         await asyncio.to_thread(
-            lambda: retention.apply_retention(
-                self._args.root, self._args.run, cp.keep_last, cp.keep_every, verified=path, protect=protect,
-                lineage=lineage, guard=self._fence,
+            lambda: attached.retain(
+                self._args.status_reporter, self._args.root, self._args.run, self._args.attempt, cp.keep_last,
+                cp.keep_every, committed=path, lineage=lineage, fence=self._fence,
             )
         )  # fmt: skip
 

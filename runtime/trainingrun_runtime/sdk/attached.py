@@ -31,13 +31,13 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from trainingrun_runtime import contract, timestamps
 from trainingrun_runtime.digest import sha256_hex
-from trainingrun_runtime.errors import CheckpointCorrupt, Superseded
+from trainingrun_runtime.errors import AttemptEnded, CheckpointCorrupt, Superseded
 from trainingrun_runtime.sdk import notice as notices
 from trainingrun_runtime.sdk import reporting
 from trainingrun_runtime.storage import commit, fence, layout, retention, verification
@@ -50,6 +50,7 @@ __all__ = [
     "attach",
     "parse_attachment",
     "rejected_steps",
+    "retain",
     "set_aside_orphans",
 ]
 
@@ -315,25 +316,15 @@ class Run:
         self._retain(path, noticed)
 
     def _retain(self, path: Path, noticed: bool) -> None:
-        view = self._reporter.operator_view()
-        if view is None:
-            log.warning("retention skipped after %s: the operator's view of the run could not be read", path.name)
-            return
-        if view.ended(self.attempt):
-            if noticed:  # the operator ended it on the head's deletion: this checkpoint still answers the notice
-                return
-            _say_and_exit(
-                contract.Prefix.SUPERSEDED,
-                f"the operator ended attempt {self.attempt} (its current attempt: {view.attempt}); this program "
-                "lives on after its attempt and stops writing checkpoints",
-            )
-        protect = () if view.pinned is None else (view.pinned,)
-        lineage = retention.Lineage(resumed_from=self.resumed_step, written=frozenset(self._written))
         try:
-            retention.apply_retention(
-                self.root, self.name, self._a["keepLast"], self._a["keepEvery"], verified=path, protect=protect,
-                lineage=lineage, guard=self._fence,
+            retain(
+                self._reporter, self.root, self.name, self.attempt, self._a["keepLast"], self._a["keepEvery"],
+                committed=path, lineage=retention.Lineage(self.resumed_step, frozenset(self._written)),
+                fence=self._fence,
             )  # fmt: skip
+        except AttemptEnded as e:
+            if not noticed:  # else the operator ended it on the head's deletion: this checkpoint answers the notice
+                _say_and_exit(contract.Prefix.SUPERSEDED, e)
         except Superseded as e:
             _say_and_exit(contract.Prefix.SUPERSEDED, e)
 
@@ -396,6 +387,43 @@ def _say_and_exit(prefix: contract.Prefix, detail: object) -> NoReturn:
     """The driver's way to end on a known cause: the last stderr line, then its exit code."""
     print(contract.line(prefix, detail), file=sys.stderr, flush=True)
     raise SystemExit(int(prefix.code))
+
+
+def retain(
+    reporter: reporting.Reporter,
+    root: str | os.PathLike[str],
+    run: str,
+    attempt: int,
+    keep_last: int,
+    keep_every: int | None,
+    *,
+    committed: Path,
+    lineage: retention.Lineage,
+    fence: Callable[[str], None],
+) -> None:
+    """Retention after `committed` (a step this attempt just committed and reported), for the built-in driver and a
+    program alike: never the step the operator would resume from (read from the status), only this attempt's
+    `lineage`, fenced right before anything is deleted.
+
+    An attempt the operator has ended can live on for a while (a pod in its termination grace period trains and
+    saves on; a partitioned node): its reports are no longer recorded, so the step the next attempt is pinned to
+    falls behind, and plain keep-last retention would delete it. Such an attempt deletes nothing and gets
+    AttemptEnded: it should write no more. Nothing is deleted either when the status cannot be read.
+    """
+    view = reporter.operator_view()
+    if view is None:
+        log.warning("retention skipped after %s: the operator's view of the run could not be read", committed.name)
+        return
+    if view.ended(attempt):
+        raise AttemptEnded(
+            f"the operator ended attempt {attempt} (its current attempt: {view.attempt}); this driver lives on after "
+            "its attempt (a pod in its grace period, a partitioned node) and stops writing checkpoints"
+        )
+    protect = () if view.pinned is None else (view.pinned,)
+    fence("apply retention")
+    retention.apply_retention(
+        root, run, keep_last, keep_every, verified=committed, protect=protect, lineage=lineage, guard=fence
+    )
 
 
 def rejected_steps(skipped: Sequence[tuple[Path, str]]) -> list[contract.BadCheckpointReport]:

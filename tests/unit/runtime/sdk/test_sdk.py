@@ -179,3 +179,41 @@ def test_an_attempt_whose_directory_a_newer_one_claimed_stops_writing_and_says_s
     assert not (tmp_path / "demo" / "step_3").exists()
     with pytest.raises(SystemExit):
         attach(tmp_path)  # a zombie of attempt 1 that starts again
+
+
+def status_file(root: pathlib.Path, status: dict[str, Any]) -> None:
+    (root / "demo" / "status.json").write_text(json.dumps(status))
+
+
+def test_retention_keeps_the_step_the_operator_would_resume_from_though_keep_last_would_drop_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    run = attach(tmp_path, keepLast=1)
+    write_step(run, 3)
+    status_file(tmp_path, {"attempt": {"number": 1}, "checkpoints": {"latest": {"step": 3}}})
+    write_step(run, 6)
+    write_step(run, 9)
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir() if p.name.startswith("step_")) == ["step_3", "step_9"]
+
+
+def test_an_attempt_the_operator_ended_deletes_nothing_and_stops_unless_its_checkpoint_answers_a_notice(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = attach(tmp_path, keepLast=1)
+    write_step(run, 3)
+    status_file(tmp_path, {"attempt": {"number": 2}, "checkpoints": {"latest": {"step": 3}}})  # attempt 2 is current
+    with pytest.raises(SystemExit) as ended:
+        write_step(run, 6)
+    assert ended.value.code == sdk.FAILED
+    assert "the operator ended attempt 1" in capsys.readouterr().err
+    assert (tmp_path / "demo" / "step_3").is_dir() and (tmp_path / "demo" / "step_6").is_dir()  # complete, reported
+
+    noticed = attach(tmp_path, keepLast=1)
+    notice.request(tmp_path, "demo", 1, deadline=1e12, reason="evicted")
+    waiting.wait(lambda: noticed.notice, timeout=5, what="the notice seen")
+    write_step(noticed, 9)  # the operator ended it on the head's deletion: this save still answers the notice
+    assert {p.name for p in (tmp_path / "demo").iterdir() if p.name.startswith("step_")} == {
+        "step_3",
+        "step_6",
+        "step_9",
+    }
