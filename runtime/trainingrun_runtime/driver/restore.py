@@ -122,12 +122,8 @@ class Restored:
     """The checkpoints passed over because they failed verification (`status.runtime.badCheckpoints`)."""
 
 
-class NoRecordedCheckpointVerifies(CheckpointCorrupt):
-    """The pinned step and every fallback step failed verification; `rejected` says why each one did."""
-
-    def __init__(self, message: str, rejected: list[tuple[Path, str]]) -> None:
-        super().__init__(message)
-        self.rejected = rejected
+NoRecordedCheckpointVerifies = attached.NoRecordedCheckpointVerifies
+"""The pinned step and every fallback step failed verification (the SDK's: one resume rule for both)."""
 
 
 def choose(
@@ -157,8 +153,7 @@ def choose(
         if step is None:
             chosen = _select(root, run, replay, cfg)
         else:
-            steps = [step, *sorted({f for f in fallback if f < step}, reverse=True)]
-            chosen = _pinned_or_older(root, run, replay, cfg, steps, manifest_blake3 or {})
+            chosen = _pinned_or_older(root, run, replay, cfg, step, fallback, manifest_blake3 or {})
         if chosen is not None:
             check_config(chosen.manifest, cfg)
     except (TrainingRunError, ValueError, OSError) as e:
@@ -211,20 +206,20 @@ def _pinned_or_older(
     run: str,
     replay: ReplayConfig,
     cfg: config.RuntimeConfig,
-    steps: list[int],
+    pinned: int,
+    fallback: Sequence[int],
     manifest_blake3: Mapping[int, str],
 ) -> checkpointer.Selection | None:
-    """The first of `steps` (the pinned one, then older recorded ones) that passes every check."""
-    rejected: list[tuple[Path, str]] = []
-    for step in steps:
-        try:
-            chosen = _select(root, run, replay, cfg, step=step, manifest_blake3=manifest_blake3.get(step))
-        except (CheckpointCorrupt, DigestError) as e:
-            rejected.append((layout.run_dir(root, run) / layout.step_dirname(step), str(e)))
-            continue
-        return None if chosen is None else dataclasses.replace(chosen, skipped=rejected)
-    tried = "; ".join(f"{path.name}: {why}" for path, why in rejected)
-    raise NoRecordedCheckpointVerifies(f"no recorded checkpoint verifies ({tried})", rejected)
+    """The first of the pinned step and the older recorded ones that passes every check: the SDK's rule
+    (`sdk.attached.pinned_or_older`), each step checked as `_select` checks it."""
+
+    def load(step: int, _: Path) -> checkpointer.Selection | None:
+        return _select(root, run, replay, cfg, step=step, manifest_blake3=manifest_blake3.get(step))
+
+    chosen, rejected = attached.pinned_or_older(
+        layout.run_dir(root, run), pinned, fallback, load, refusals=(CheckpointCorrupt, DigestError)
+    )
+    return None if chosen is None else dataclasses.replace(chosen, skipped=rejected)
 
 
 def check_data(saved: manifest.Manifest, fingerprint: str) -> None:

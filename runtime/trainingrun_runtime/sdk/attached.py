@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypeVar
 
 from trainingrun_runtime import contract, timestamps
 from trainingrun_runtime.digest import sha256_hex
@@ -45,10 +45,12 @@ from trainingrun_runtime.storage import commit, fence, layout, retention, verifi
 __all__ = [
     "PROBLEM_CHARS",
     "REPLAY_MODE",
+    "NoRecordedCheckpointVerifies",
     "NotAttached",
     "Run",
     "attach",
     "parse_attachment",
+    "pinned_or_older",
     "rejected_steps",
     "retain",
     "set_aside_orphans",
@@ -201,20 +203,17 @@ class Run:
                     why = "; ".join(f"{p.name}: {problem}" for p, problem in found.skipped)
                     self._restore_failed(f"{self.run_dir}: no checkpoint verifies ({why})", found.skipped)
                 return found.chosen, found.skipped
-            rejected: list[tuple[Path, str]] = []
             hashes = self._a["manifestBlake3"]
-            for step in [pinned, *sorted({s for s in self._a["fallback"] if s < pinned}, reverse=True)]:
-                path = self.run_dir / layout.step_dirname(step)
-                try:
-                    if not path.is_dir():
-                        raise CheckpointCorrupt(f"{path}: the recorded checkpoint does not exist")
-                    return verification.open_verified(path, run=self.name, manifest_blake3=hashes.get(str(step))), (
-                        rejected
-                    )
-                except CheckpointCorrupt as e:
-                    rejected.append((path, str(e)))
-            tried = "; ".join(f"{p.name}: {problem}" for p, problem in rejected)
-            self._restore_failed(f"no recorded checkpoint verifies ({tried})", rejected)
+
+            def load(step: int, path: Path) -> verification.VerifiedBundle:
+                if not path.is_dir():
+                    raise CheckpointCorrupt(f"{path}: the recorded checkpoint does not exist")
+                return verification.open_verified(path, run=self.name, manifest_blake3=hashes.get(str(step)))
+
+            try:
+                return pinned_or_older(self.run_dir, pinned, self._a["fallback"], load)
+            except NoRecordedCheckpointVerifies as e:
+                self._restore_failed(str(e), e.rejected)
         except OSError as e:  # the volume, not the step: the next attempt may read it
             self._report_restore_error(f"{contract.Prefix.RESTORE_INTERRUPTED} {e}", [])
             _say_and_exit(contract.Prefix.RESTORE_INTERRUPTED, f"{e} (not the checkpoint's fault: a new attempt may "
@@ -387,6 +386,39 @@ def _say_and_exit(prefix: contract.Prefix, detail: object) -> NoReturn:
     """The driver's way to end on a known cause: the last stderr line, then its exit code."""
     print(contract.line(prefix, detail), file=sys.stderr, flush=True)
     raise SystemExit(int(prefix.code))
+
+
+class NoRecordedCheckpointVerifies(CheckpointCorrupt):
+    """The pinned step and every fallback step failed verification; `rejected` says why each one did."""
+
+    def __init__(self, message: str, rejected: list[tuple[Path, str]]) -> None:
+        super().__init__(message)
+        self.rejected = rejected
+
+
+T = TypeVar("T")
+
+
+def pinned_or_older(
+    run_dir: Path,
+    pinned: int,
+    fallback: Sequence[int],
+    load: Callable[[int, Path], T],
+    refusals: tuple[type[Exception], ...] = (CheckpointCorrupt,),
+) -> tuple[T, list[tuple[Path, str]]]:
+    """The first of the pinned step and the older `fallback` steps (newest first) that `load` takes, and why each one
+    before it was passed over: the one resume rule of the built-in driver and of a program. `load(step, step_dir)`
+    verifies the step (and, for the built-in driver, its data plane) and raises one of `refusals` when it fails:
+    a refusal passes the step over, any other error propagates. NoRecordedCheckpointVerifies when none passes."""
+    rejected: list[tuple[Path, str]] = []
+    for step in [pinned, *sorted({s for s in fallback if s < pinned}, reverse=True)]:
+        path = run_dir / layout.step_dirname(step)
+        try:
+            return load(step, path), rejected
+        except refusals as e:
+            rejected.append((path, str(e)))
+    tried = "; ".join(f"{p.name}: {problem}" for p, problem in rejected)
+    raise NoRecordedCheckpointVerifies(f"no recorded checkpoint verifies ({tried})", rejected)
 
 
 def retain(
