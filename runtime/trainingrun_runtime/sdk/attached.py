@@ -22,7 +22,6 @@ program's bundle holds what it wrote, and a manifest (replay_mode `none`, no rep
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -113,14 +112,6 @@ def attach(environ: Mapping[str, str] | None = None) -> Run:
     return Run(attachment)
 
 
-@dataclasses.dataclass
-class _Notice:
-    """The head's request, as the program sees it: by when (wall-clock seconds) and why."""
-
-    deadline: float
-    reason: str
-
-
 class Run:
     """One attempt of a TrainingRun (see the module docstring). Not thread-safe: call it from the training loop."""
 
@@ -162,7 +153,7 @@ class Run:
         self._save_s: float | None = None
         self._log_period_s = progress_period_s
         self._logged = -math.inf
-        self._notice: _Notice | None = None
+        self._notice: notices.Notice | None = None
         self._notice_checked = -math.inf
         self._answered = False
         self._reports = _Reports(self._reporter, self._status, progress_period_s)
@@ -333,14 +324,14 @@ class Run:
     # ------------------------------------------------------------------------------------ notice and end
 
     @property
-    def notice(self) -> _Notice | None:
+    def notice(self) -> notices.Notice | None:
         """The head pod's request to save and stop (its deadline, wall-clock seconds), or None."""
         now = time.monotonic()
         if self._notice is None and now - self._notice_checked >= notices.POLL_S:
             self._notice_checked = now
             found = notices.pending(self.root, self.name, self.attempt)
             if found is not None:
-                self._notice = _Notice(found.deadline, found.reason)
+                self._notice = found
                 log.warning("the head pod is going (%s): save by %.1f s from now", found.reason,
                             found.deadline - time.time())  # fmt: skip
         return self._notice
