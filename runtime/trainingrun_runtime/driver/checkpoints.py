@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainingrun_runtime import config, contract, timestamps
+from trainingrun_runtime import config, contract
 from trainingrun_runtime.dataplane import checkpointer
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
@@ -43,8 +43,8 @@ from trainingrun_runtime.dataplane.row_client import DataPlaneClient
 from trainingrun_runtime.driver.telemetry import DriverMetrics
 from trainingrun_runtime.errors import AttemptEnded, InventoryMismatch
 from trainingrun_runtime.grpo import trainer
-from trainingrun_runtime.sdk import attached, reporting
-from trainingrun_runtime.storage import fence, layout, retention
+from trainingrun_runtime.sdk import attached, record, reporting
+from trainingrun_runtime.storage import fence, layout
 
 if TYPE_CHECKING:
     from trainingrun_runtime.driver.controller import SingleControllerActorArgs
@@ -61,6 +61,7 @@ class Checkpoints:
         self,
         args: SingleControllerActorArgs,
         *,
+        record: record.AttemptRecord,
         client: DataPlaneClient,
         buffer: TQReplayBuffer,
         barrier: DataPlaneCheckpointBarrier,
@@ -68,25 +69,26 @@ class Checkpoints:
         telemetry: DriverMetrics | None = None,
     ) -> None:
         self._args = args
+        self.record = record
+        """The attempt's reports (`sdk.record`): lastCheckpoint, the steps written, the latest save's time."""
         self._reports = reports
         self._telemetry = telemetry
         self._saver = checkpointer.DataPlaneCheckpointer(
             args.root, args.run, dataplane=client, buffer=buffer, barrier=barrier, on_stage=self._stage,
             attempt=args.attempt, run_uid=args.run_uid, guard=self._fence,
         )  # fmt: skip
-        self._written: set[int] = set()
-        """The steps this attempt committed: with the restored step, the lineage its retention counts."""
         self._commit: asyncio.Task[None] | None = None
         self._saving_step = -1
-        self.save_s: float | None = None
-        """How long this attempt's latest save took, from its begin to its report (None: none yet)."""
-        self.last: contract.CheckpointReport | None = args.restored.last_checkpoint
-        """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
         self.exclusive_s: list[float] = []
         """The barrier's exclusive window of each checkpoint this attempt committed (seconds)."""
         self.blocked_s: list[float] = []
         """How long each save this attempt began kept the train pump waiting: the policy's copy into host memory
         and the barrier cut, from the save's begin (seconds)."""
+
+    @property
+    def last(self) -> contract.CheckpointReport | None:
+        """The newest checkpoint this attempt can resume from: committed by it, or the one it restored."""
+        return self.record.last
 
     @property
     def committing(self) -> int | None:
@@ -160,13 +162,8 @@ class Checkpoints:
         the head's deletion began, before the checkpoint's first report came; it then records only the notice's
         checkpoint (`decision._late_notice_checkpoint`), and this one is it: the driver trains no more after it. A
         report the operator has recorded already changes nothing (same step, attempt and path)."""
-        notice = contract.CheckpointReason.PREEMPTION_NOTICE
-        if self.last is None or self.last["attempt"] != self._args.attempt or self.last.get("reason") == notice:
-            return
-        again = self.last.copy()
-        again["reason"] = notice
-        self.last = again
-        await self._reports.checkpoint()
+        if self.record.answers_notice():
+            await self._reports.checkpoint()
 
     def raise_if_failed(self) -> None:
         """Re-raise the background commit's failure, if it has failed (without waiting for it)."""
@@ -210,20 +207,19 @@ class Checkpoints:
         except BaseException:
             pending.abort()
             raise
-        self._written.add(step)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
-        self.last = contract.CheckpointReport(
-            step=step, path=str(path), attempt=self._args.attempt, replayDigest=snap.replay_digest,
-            weightsSha256=sha, manifestBlake3=pending.manifest_blake3, time=timestamps.now(), reason=reason,
+        self.record.committed(
+            step, path, manifest_blake3=pending.manifest_blake3, reason=reason, replay_digest=snap.replay_digest,
+            weights_sha256=sha,
         )  # fmt: skip
         self.exclusive_s.append(snap.exclusive_s)
         self._args.event_log.emit("checkpoint_committed", step=step, weights_sha256=sha, path=str(path),
                          exclusive_s=snap.exclusive_s, blocked_s=blocked_s, committed_s=time.monotonic() - started,
                          reason=reason)  # fmt: skip
         await self._reports.checkpoint()  # step = the newest finished step (training went on meanwhile)
-        self.save_s = time.monotonic() - started
+        self.record.save_s = save_s = time.monotonic() - started
         if self._telemetry is not None:
-            self._telemetry.checkpoint(self.save_s, snap.exclusive_s)
+            self._telemetry.checkpoint(save_s, snap.exclusive_s)
         self._args.crash.reach("reported", step)
         await self._retain(path)
 
@@ -231,7 +227,7 @@ class Checkpoints:
         """The SDK's retention (`sdk.attached.retain`): never the step the operator would resume from; AttemptEnded
         if the operator ended this attempt."""
         cp = self._args.config.checkpoint
-        lineage = retention.Lineage(resumed_from=self._args.restored.step, written=frozenset(self._written))
+        lineage = self.record.lineage
         await asyncio.to_thread(
             lambda: attached.retain(
                 self._args.status_reporter, self._args.root, self._args.run, self._args.attempt, cp.keep_last,

@@ -11,13 +11,15 @@
                                                         clear consumed rows (remove_group, barrier)
                                                           ledger: COMMITTED → CONSUMED, sampler.advance()
                                                         weight sync: trainer → every generator (version t+1)
-                                                        every save_period steps: checkpoint (below)
+                                                        the save rule (`sdk.record`): the last step, every
+                                                          save_period steps: checkpoint (below)
 
     checkpoint(step N): the policy and ONE exclusive barrier cut inline (replay index, loader place, sampler
       cursor, ledger, inventory check, TransferQueue snapshot), then commit, report and retention in the
       background, fenced against newer attempts (`checkpoints`, which draws it)
-    reports: status.runtime after each checkpoint (lastCheckpoint) and, at most once per progress period,
-    after a step (step, reward), one at a time and in order (reporting.ProgressReports)
+    reports: status.runtime as `sdk.record.AttemptRecord` builds it for programs too, after each checkpoint
+    (lastCheckpoint) and, at most once per progress period, after a step (step, reward), one at a time and in order
+    (reporting.ProgressReports)
     metrics (`telemetry`, Ray's metrics): each step's time, each committed rollout group, each save's duration and
     barrier window, the restore's duration (measured by setup)
 
@@ -56,7 +58,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
-from trainingrun_runtime import config, contract, timestamps
+from trainingrun_runtime import config, contract
 from trainingrun_runtime.dataplane import lifecycle
 from trainingrun_runtime.dataplane.barrier import DataPlaneCheckpointBarrier
 from trainingrun_runtime.dataplane.replay_buffer import TQReplayBuffer
@@ -74,7 +76,7 @@ from trainingrun_runtime.driver import (
 from trainingrun_runtime.errors import PreflightError
 from trainingrun_runtime.grpo import objective, trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.sdk import notice, reporting
+from trainingrun_runtime.sdk import notice, record, reporting
 
 __all__ = [
     "PARTITION",
@@ -155,6 +157,8 @@ class RunResult:
     mean_reward: float | None
     rewards: list[float]
     last_checkpoint: contract.CheckpointReport | None
+    record: record.AttemptRecord
+    """What the attempt did, as its reports said it: the driver's final report is its status (finished or not)."""
     exclusive_s: list[float]
     """The barrier's exclusive window of each checkpoint this attempt wrote (seconds)."""
     notice: notice.Answer | None = None
@@ -176,6 +180,8 @@ class Attached:
     """The connect-only data-plane client (the rows: rewards read back, advantages written)."""
     replay: TQReplayBuffer
     """The replay buffer over that client and the barrier; its index rebuilt from the checkpoint, if any."""
+    record: record.AttemptRecord
+    """What this attempt did, as its reports say it (`sdk.record`: the SDK's, as a program's)."""
     reports: reporting.ProgressReports
     checkpoints: checkpoints.Checkpoints
     fleet: generation_workers.Fleet
@@ -238,8 +244,9 @@ class SingleController:
         mean = None if not self.rewards else self.rewards[-1]
         saved = self.attached.checkpoints
         return RunResult(
-            self.args.sampler.step, sha, mean, list(self.rewards), saved.last, list(saved.exclusive_s), self._answer
-        )
+            self.args.sampler.step, sha, mean, list(self.rewards), saved.last, self.attached.record,
+            list(saved.exclusive_s), self._answer,
+        )  # fmt: skip
 
     async def _attach(self) -> Attached:
         """The process-bound plumbing from the restore's token, and the replay index rebuilt, before any pump."""
@@ -257,13 +264,13 @@ class SingleController:
             await replay.restore(self.args.restored.replay_state, expected_digest=self.args.restored.replay_digest)
             _check_ledger_against_index(self.args.ledger, replay)
         self.args.event_log.emit("index_restored", groups=len(replay), digest=replay.index.digest())
+        book = record.AttemptRecord(self.args.attempt, orphaned=self.args.orphaned)
+        book.resumed(self.args.restored.last_checkpoint, self.args.restored.rejected)
         reports = reporting.ProgressReports(
-            self.args.status_reporter,
-            lambda: self.status(self.args.sampler.step, self.rewards[-1] if self.rewards else None, finished=False),
-            period_s=self.args.progress_period_s,
+            self.args.status_reporter, book.status, period_s=self.args.progress_period_s
         )
         saved = checkpoints.Checkpoints(
-            self.args, client=client, buffer=replay, barrier=barrier, reports=reports, telemetry=metrics
+            self.args, record=book, client=client, buffer=replay, barrier=barrier, reports=reports, telemetry=metrics
         )
         fleet = generation_workers.Fleet(
             self.args.generators,
@@ -272,7 +279,9 @@ class SingleController:
             replacement_s=self.args.config.generation.replacement_seconds,
             event_log=self.args.event_log,
         )
-        return Attached(client=client, replay=replay, reports=reports, checkpoints=saved, fleet=fleet, metrics=metrics)
+        return Attached(
+            client=client, replay=replay, record=book, reports=reports, checkpoints=saved, fleet=fleet, metrics=metrics
+        )
 
     # -- rollout --------------------------------------------------------------------------------
 
@@ -376,15 +385,17 @@ class SingleController:
             await self._sync_weights()
             done = self.args.sampler.step
             self.args.event_log.emit("step_done", step=done, reward=reward)
+            self.attached.record.progress(done, reward)
             self.attached.reports.step_done()  # status.runtime.step, in the background, at most once per period
             if done % tcfg.log_every == 0 or done == tcfg.steps:
                 log.info("step %d: reward %.3f loss %.4f clip %.3f", done, reward, stats["loss"], stats["clip_frac"])
             self._step_s = time.monotonic() - started
             self.attached.metrics.step(self._step_s)
-            if done == tcfg.steps:
-                await self.attached.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.FINAL)
-            elif done % self.args.config.checkpoint.save_period == 0:
-                await self.attached.checkpoints.save(done, reward, self._capture, contract.CheckpointReason.PERIODIC)
+            reason = self.attached.record.save_reason(
+                done, save_period=self.args.config.checkpoint.save_period, now=time.time(), last_step=tcfg.steps
+            )
+            if reason is not None:
+                await self.attached.checkpoints.save(done, reward, self._capture, reason)
         await self.attached.checkpoints.settle()
         if self._notice is not None:  # it came with the last step: the final checkpoint answers it
             notice.answer(
@@ -417,7 +428,7 @@ class SingleController:
 
     def _step_fits(self, n: notice.Notice) -> bool:
         """Whether one more train step and then a save end before the notice's deadline."""
-        return notice.time_for_a_save(time.time(), n.deadline, self.attached.checkpoints.save_s, self._step_s or 0.0)
+        return notice.time_for_a_save(time.time(), n.deadline, self.attached.record.save_s, self._step_s or 0.0)
 
     async def _stop_on_notice(self, n: notice.Notice) -> None:
         """At a step boundary after the notice: make sure the newest step is saved if that fits, then answer."""
@@ -432,20 +443,26 @@ class SingleController:
                 how = "was being saved when the notice came" if under_way == step else "was saved already"
                 await saves.answers_notice()
                 answer = notice.Answer(step, f"step {step} {how}")
-            elif notice.time_for_a_save(time.time(), n.deadline, saves.save_s):
+            elif (reason := self._save_on(n, step)) is not None:
                 reward = self.rewards[-1] if self.rewards else None
-                await saves.save(step, reward, self._capture, contract.CheckpointReason.PREEMPTION_NOTICE)
+                await saves.save(step, reward, self._capture, reason)
                 await saves.settle_for_the_notice()
                 saved = saves.last is not None and saves.last["step"] == step
                 answer = notice.Answer(step if saved else None, "saved on the notice" if saved else "save abandoned")
             else:
                 left = n.deadline - time.time()
-                answer = notice.Answer(None, f"no time for a save ({left:.1f}s left; a save takes {saves.save_s}s)")
+                took = self.attached.record.save_s
+                answer = notice.Answer(None, f"no time for a save ({left:.1f}s left; a save takes {took}s)")
         finally:
             self._answer = answer
             notice.answer(self.args.root, self.args.run, self.args.attempt, answer)
             self.args.event_log.emit("notice_answered", step=answer.step, why=answer.why, at_step=step)
         log.warning("stopping at step %d on the notice: %s", step, answer.why)
+
+    def _save_on(self, n: notice.Notice, step: int) -> contract.CheckpointReason | None:
+        """The save rule (`sdk.record`) at the boundary after the notice: PreemptionNotice if a save still fits."""
+        period = self.args.config.checkpoint.save_period
+        return self.attached.record.save_reason(step, save_period=period, now=time.time(), notice=n)
 
     async def _return(self, uid: int) -> None:
         """A prompt whose worker was lost goes back to the queue: its reservation dropped, nothing was stored."""
@@ -511,20 +528,6 @@ class SingleController:
         captured: dict[str, Any] = {name: dict(part.state_dict()) for name, part in self._stateful().items()}
         captured["version"] = self.version
         return captured
-
-    def status(self, step: int, reward: float | None, *, finished: bool) -> contract.RuntimeStatus:
-        """`status.runtime` as of now."""
-        return contract.RuntimeStatus(
-            attempt=self.args.attempt,
-            step=step,
-            reward=reward,
-            updated=timestamps.now(),
-            lastCheckpoint=self.attached.checkpoints.last,
-            restoreError=None,
-            finished=finished,
-            badCheckpoints=list(self.args.restored.rejected),
-            orphanedCheckpoints=list(self.args.orphaned),
-        )
 
 
 def _check_ledger_against_index(the_ledger: ledger.Ledger, replay: TQReplayBuffer) -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pydantic
 
-from trainingrun_runtime import config, contract, timestamps
+from trainingrun_runtime import config, contract
 from trainingrun_runtime.contract import Exit, Prefix
 from trainingrun_runtime.driver import events, logformat, restore, setup
 from trainingrun_runtime.errors import (
@@ -59,7 +59,7 @@ from trainingrun_runtime.errors import (
     Superseded,
     TrainerLost,
 )
-from trainingrun_runtime.sdk import reporting
+from trainingrun_runtime.sdk import record, reporting
 from trainingrun_runtime.storage import checksum
 
 __all__ = [
@@ -249,19 +249,7 @@ def main(argv: list[str] | None = None) -> Exit:
         traceback.print_exception(cause)
         _close(built)
         return Exit.FAILED
-    rep.report(
-        contract.RuntimeStatus(
-            attempt=opts.attempt,
-            step=result.step,
-            reward=result.mean_reward,
-            updated=timestamps.now(),
-            lastCheckpoint=result.last_checkpoint,
-            restoreError=None,
-            finished=result.notice is None,
-            badCheckpoints=list(built.args.restored.rejected),
-            orphanedCheckpoints=list(built.args.orphaned),
-        )
-    )
+    rep.report(result.record.status(finished=result.notice is None))
     _close(built)
     if result.notice is not None:
         saved = "nothing" if result.notice.step is None else f"step {result.notice.step}"
@@ -312,18 +300,7 @@ def _print_restore_exit(error: BaseException, ended: RestoreExit) -> None:
 def _report_restore_error(
     rep: reporting.Reporter, opts: setup.DriverOptions, message: str, rejected: list[tuple[Path, str]] | None = None
 ) -> None:
-    rep.report(
-        contract.RuntimeStatus(
-            attempt=opts.attempt,
-            step=0,
-            reward=None,
-            updated=timestamps.now(),
-            lastCheckpoint=None,
-            restoreError=message,
-            finished=False,
-            badCheckpoints=restore.rejected_steps(rejected or []),
-        )
-    )
+    rep.report(record.restore_error(opts.attempt, message, restore.rejected_steps(rejected or [])))
 
 
 def _close(built: setup.Setup) -> None:

@@ -54,7 +54,7 @@ from trainingrun_runtime.errors import (
 )
 from trainingrun_runtime.grpo import trainer
 from trainingrun_runtime.rollout import ledger, prompt_loader, samplers
-from trainingrun_runtime.sdk import attached
+from trainingrun_runtime.sdk import attached, record
 from trainingrun_runtime.storage import layout, manifest
 
 __all__ = [
@@ -339,23 +339,12 @@ def restore(
     except Exception as e:
         raise refusal(e, chosen.verified.path.parent) from e
     m = chosen.manifest
-    last = contract.CheckpointReport(
-        step=m.step,
-        path=str(chosen.verified.path),
-        attempt=m.attempt,
-        replayDigest=m.replay_digest,
-        weightsSha256=m.weights_sha256,
-        manifestBlake3=chosen.verified.manifest_blake3,
-        time=m.created,
-    )
-    if "reason" in m.extra:  # bundles from before reasons were recorded have none
-        last["reason"] = str(m.extra["reason"])
     return Restored(
         token=token,
         step=m.step,
         replay_state=dict(chosen.replay_state),
         replay_digest=m.replay_digest,
-        last_checkpoint=last,
+        last_checkpoint=record.resumed_report(chosen.verified),
         rejected=tuple(rejected_steps(chosen.skipped)),
     )
 

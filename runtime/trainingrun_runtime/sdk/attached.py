@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar
 
-from trainingrun_runtime import contract, timestamps
+from trainingrun_runtime import contract
 from trainingrun_runtime.digest import sha256_hex
 from trainingrun_runtime.errors import AttemptEnded, CheckpointCorrupt, Superseded
 from trainingrun_runtime.sdk import notice as notices
-from trainingrun_runtime.sdk import reporting
+from trainingrun_runtime.sdk import record, reporting
 from trainingrun_runtime.storage import commit, fence, layout, retention, verification
 
 __all__ = [
@@ -141,22 +141,17 @@ class Run:
             fence.claim(self.run_dir, self._uid, self.attempt)
         except Superseded as e:
             _say_and_exit(contract.Prefix.SUPERSEDED, e)
-        self.orphaned = set_aside_orphans(self.root, self.name, a["resume"], a["fallback"], self._reporter)
+        orphaned = set_aside_orphans(self.root, self.name, a["resume"], a["fallback"], self._reporter)
+        self.record = record.AttemptRecord(self.attempt, orphaned=orphaned)
+        """What this attempt did, as its reports say it (`sdk.record`: the built-in driver's too)."""
         self._chosen: verification.VerifiedBundle | None = None
         self._chose = False
-        self._rejected: list[contract.BadCheckpointReport] = []
-        self._written: set[int] = set()
-        self._last: contract.CheckpointReport | None = None
-        self._step = 0
-        self._reward: float | None = None
-        self._metrics: dict[str, float] = {}
-        self._save_s: float | None = None
         self._log_period_s = progress_period_s
         self._logged = -math.inf
         self._notice: notices.Notice | None = None
         self._notice_checked = -math.inf
         self._answered = False
-        self._reports = _Reports(self._reporter, self._status, progress_period_s)
+        self._reports = _Reports(self._reporter, self.record.status, progress_period_s)
         notices.listen(self.root, self.name, self.attempt)
 
     # ------------------------------------------------------------------------------------------- resume
@@ -164,7 +159,7 @@ class Run:
     @property
     def resumed_step(self) -> int | None:
         """The step `resume_dir()` returned (None: a fresh start, or not asked yet)."""
-        return None if self._chosen is None else self._chosen.manifest.step
+        return self.record.resumed_step
 
     def resume_dir(self) -> Path | None:
         """The checkpoint to resume from, every checksum verified (read only from it); None for a fresh start.
@@ -174,15 +169,9 @@ class Run:
         """
         if not self._chose:
             self._chosen, skipped = self._choose()
-            self._rejected = rejected_steps(skipped)
+            chosen = None if self._chosen is None else record.resumed_report(self._chosen)
+            self.record.resumed(chosen, rejected_steps(skipped))
             self._chose = True
-            if self._chosen is not None:
-                m = self._chosen.manifest
-                self._step = m.step
-                self._last = contract.CheckpointReport(
-                    step=m.step, path=str(self._chosen.path), attempt=m.attempt, replayDigest=m.replay_digest,
-                    weightsSha256=m.weights_sha256, manifestBlake3=self._chosen.manifest_blake3, time=m.created,
-                )  # fmt: skip
         return None if self._chosen is None else self._chosen.path
 
     def _choose(self) -> tuple[verification.VerifiedBundle | None, list[tuple[Path, str]]]:
@@ -215,12 +204,7 @@ class Run:
         _say_and_exit(contract.Prefix.RESTORE_FAILED, message)
 
     def _report_restore_error(self, message: str, rejected: Sequence[tuple[Path, str]]) -> None:
-        self._reporter.report(
-            contract.RuntimeStatus(
-                attempt=self.attempt, step=0, reward=None, updated=timestamps.now(), lastCheckpoint=None,
-                restoreError=message, finished=False, badCheckpoints=rejected_steps(rejected),
-            )
-        )  # fmt: skip
+        self._reporter.report(record.restore_error(self.attempt, message, rejected_steps(rejected)))
 
     # ----------------------------------------------------------------------------------------- progress
 
@@ -239,23 +223,13 @@ class Run:
         reward = figures.pop("reward", None)
         if len(figures) > contract.METRICS_MAX:
             raise ValueError(f"report(): at most {contract.METRICS_MAX} metrics besides reward, got {len(figures)}")
-        self._step, self._reward, self._metrics = step, reward, figures
+        self.record.progress(step, reward, figures)
         now = time.monotonic()
         if now - self._logged >= self._log_period_s:  # the log's line of the step (`step N: reward R ...`), as the
             self._logged = now  # built-in driver's, at most one a period
             shown = " ".join(f"{k} {v:.4g}" for k, v in figures.items())
             log.info("step %d:%s %s", step, f" reward {reward:.3f}" if reward is not None else "", shown)
         self._reports.progress()
-
-    def _status(self, *, finished: bool = False) -> contract.RuntimeStatus:
-        status = contract.RuntimeStatus(
-            attempt=self.attempt, step=self._step, reward=self._reward, updated=timestamps.now(),
-            lastCheckpoint=self._last, restoreError=None, finished=finished, badCheckpoints=list(self._rejected),
-            orphanedCheckpoints=self.orphaned[-reporting.ORPHANS_LISTED :],
-        )  # fmt: skip
-        if self._metrics:
-            status["metrics"] = dict(self._metrics)
-        return status
 
     # --------------------------------------------------------------------------------------- checkpoint
 
@@ -285,8 +259,8 @@ class Run:
                 else contract.CheckpointReason.PERIODIC
             )
             extra: dict[str, Any] = {"reason": reason, "writer": "sdk"}
-            if self._reward is not None:
-                extra["reward"] = self._reward
+            if self.record.reward is not None:
+                extra["reward"] = self.record.reward
             try:
                 path = pending.commit(
                     attempt=self.attempt, config_hash=self._config_hash, replay_digest="", replay_mode=REPLAY_MODE,
@@ -295,21 +269,16 @@ class Run:
             except Superseded as e:
                 _say_and_exit(contract.Prefix.SUPERSEDED, e)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
-        self._written.add(step)
-        self._step = max(self._step, step)
-        self._last = contract.CheckpointReport(
-            step=step, path=str(path), attempt=self.attempt, replayDigest="", weightsSha256=None,
-            manifestBlake3=pending.manifest_blake3, time=timestamps.now(), reason=reason,
-        )  # fmt: skip
+        self.record.committed(step, path, manifest_blake3=pending.manifest_blake3, reason=reason)
         self._reports.now()
-        self._save_s = time.monotonic() - started
+        self.record.save_s = time.monotonic() - started
         self._retain(path, noticed)
 
     def _retain(self, path: Path, noticed: bool) -> None:
         try:
             retain(
                 self._reporter, self.root, self.name, self.attempt, self._a["keepLast"], self._a["keepEvery"],
-                committed=path, lineage=retention.Lineage(self.resumed_step, frozenset(self._written)),
+                committed=path, lineage=self.record.lineage,
                 fence=self._fence,
             )  # fmt: skip
         except AttemptEnded as e:
@@ -339,21 +308,15 @@ class Run:
     def should_save(self, step: int) -> bool:
         """Whether to checkpoint after step `step`: every savePeriod steps; on a notice, once, if a save (as long
         as this attempt's last one) still ends before its deadline."""
-        if step in self._written:
-            return False
         found = self.notice
-        if found is not None:
-            return not self._saved_since_notice() and notices.time_for_a_save(time.time(), found.deadline, self._save_s)
-        return step % self.save_period == 0
-
-    def _saved_since_notice(self) -> bool:
-        return self._last is not None and self._last.get("reason") == contract.CheckpointReason.PREEMPTION_NOTICE
+        return self.record.save_reason(step, save_period=self.save_period, now=time.time(), notice=found) is not None
 
     def stop(self) -> NoReturn:
         """After a notice: answer it with this attempt's newest checkpoint, report, exit PREEMPTED (no failure)."""
-        mine = self._last if self._last is not None and self._last["attempt"] == self.attempt else None
-        if mine is not None and mine.get("reason") != contract.CheckpointReason.PREEMPTION_NOTICE:
-            mine = self._last = {**mine, "reason": contract.CheckpointReason.PREEMPTION_NOTICE}  # answers it
+        self.record.answers_notice()
+        mine = (
+            self.record.last if self.record.last is not None and self.record.last["attempt"] == self.attempt else None
+        )
         self._reports.now()
         step = None if mine is None else mine["step"]
         why = "no checkpoint of this attempt" if mine is None else f"step {step} is this attempt's newest checkpoint"
@@ -361,16 +324,16 @@ class Run:
         notices.stop_listening(self.root, self.name, self.attempt)
         saved = "nothing" if step is None else f"step {step}"
         _say_and_exit(
-            contract.Prefix.PREEMPTED, f"stopped at step {self._step} on the head pod's notice; saved {saved}"
+            contract.Prefix.PREEMPTED, f"stopped at step {self.record.step} on the head pod's notice; saved {saved}"
         )
 
     def finish(self, step: int | None = None) -> None:
         """The run is done (at `step`, default the last reported): the final report. Exit 0 after it."""
         if step is not None:
-            self._step = step
+            self.record.step = step
         self._reports.now(finished=True)
         notices.stop_listening(self.root, self.name, self.attempt)
-        log.info("run %s finished at step %d", self.name, self._step)
+        log.info("run %s finished at step %d", self.name, self.record.step)
 
 
 def _say_and_exit(prefix: contract.Prefix, detail: object) -> NoReturn:
