@@ -8,19 +8,23 @@
     checkpoint(step)    begin tmp_step_N.attempt_A/ (fenced) ─► the program writes ─► commit: fsync and hash every
                         file, manifest last, fence, rename to step_N ─► report lastCheckpoint ─► retention (never
                         the step the operator would resume from). An exception inside discards the directory.
-    report(step, ...)   a progress report: now if none went out within the period, else at its end (a thread)
-    notice, should_save the head's preStop request (`sdk.notice`), read at most every POLL_S; should_save is
-                        every savePeriod steps, and on a notice while a save still fits before its deadline
+    report(step, ...)   a progress report: now if none went out within the period, else at its end (the built-in
+                        driver's `reporting.ProgressReports`, on an event loop in a thread of its own)
+    notice, should_save the head's preStop request (`sdk.notice`), read at most every POLL_S; should_save is the
+                        save rule of `sdk.record` (a notice's save while it fits before the deadline, else every
+                        savePeriod steps)
     stop()              answer the notice with the newest checkpoint, report, say `Preempted: ...`, exit PREEMPTED
     finish(step)        the final report (finished: true)
 
-The files are the built-in driver's: the same bundle rules (`storage.commit`), the same fence, the same reports
-(`driver.reporting`: a merge patch of status.runtime on a cluster, runtime.json locally), the same notice files. A
-program's bundle holds what it wrote, and a manifest (replay_mode `none`, no replay digest).
+What the reports say is `sdk.record.AttemptRecord`'s, and the files are the built-in driver's: the same bundle rules
+(`storage.commit`), the same fence, the same resume rule (`pinned_or_older`), the same retention (`retain`), the same
+reporters (`sdk.reporting`: a merge patch of status.runtime on a cluster, runtime.json locally), the same notice
+files. A program's bundle holds what it wrote, and a manifest (replay_mode `none`, no replay digest).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -270,7 +274,7 @@ class Run:
                 _say_and_exit(contract.Prefix.SUPERSEDED, e)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
         self.record.committed(step, path, manifest_blake3=pending.manifest_blake3, reason=reason)
-        self._reports.now()
+        self._reports.checkpoint()
         self.record.save_s = time.monotonic() - started
         self._retain(path, noticed)
 
@@ -317,7 +321,7 @@ class Run:
         mine = (
             self.record.last if self.record.last is not None and self.record.last["attempt"] == self.attempt else None
         )
-        self._reports.now()
+        self._reports.checkpoint()
         step = None if mine is None else mine["step"]
         why = "no checkpoint of this attempt" if mine is None else f"step {step} is this attempt's newest checkpoint"
         notices.answer(self.root, self.name, self.attempt, notices.Answer(step, why))
@@ -331,7 +335,11 @@ class Run:
         """The run is done (at `step`, default the last reported): the final report. Exit 0 after it."""
         if step is not None:
             self.record.step = step
-        self._reports.now(finished=True)
+        self._reports.drain()
+        try:
+            self._reporter.report(self.record.status(finished=True))
+        except Exception:
+            log.exception("the final status report failed")
         notices.stop_listening(self.root, self.name, self.attempt)
         log.info("run %s finished at step %d", self.name, self.record.step)
 
@@ -442,51 +450,21 @@ def set_aside_orphans(
 
 
 class _Reports:
-    """Sends `build()` through `reporter`: `now()` at once (a checkpoint, the end), `progress()` at most once per
-    period from a daemon thread, so the training loop never waits on the API server. One report at a time, each
-    built when it is sent, so none lands out of order. A failed report is logged by the reporter; training goes
-    on."""
+    """The built-in driver's sender (`reporting.ProgressReports`: checkpoints at once, progress at most once a period,
+    in order, each built when it is sent), on an event loop of its own in a daemon thread, for a program's loop that is
+    not asyncio's: `progress()` never waits; `checkpoint()` waits until its report is delivered; `drain()` waits for
+    the report in flight and sends nothing after it (before the final report)."""
 
-    def __init__(self, reporter: reporting.Reporter, build: Any, period_s: float) -> None:
-        self._reporter = reporter
-        self._build = build
-        self._period_s = period_s
-        self._sending = threading.Lock()
-        self._wake = threading.Condition()
-        self._dirty = False
-        self._last = -math.inf
-        self._thread: threading.Thread | None = None
+    def __init__(self, reporter: reporting.Reporter, build: Callable[[], contract.RuntimeStatus], period_s: float):
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="trainingrun-reports", daemon=True).start()
+        self._sender = reporting.ProgressReports(reporter, build, period_s)
 
     def progress(self) -> None:
-        with self._wake:
-            self._dirty = True
-            self._wake.notify()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="trainingrun-reports", daemon=True)
-            self._thread.start()
+        self._loop.call_soon_threadsafe(self._sender.step_done)
 
-    def now(self, **kwargs: Any) -> None:
-        with self._wake:
-            self._dirty = False
-        self._send(**kwargs)
+    def checkpoint(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._sender.checkpoint(), self._loop).result()
 
-    def _loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._dirty:
-                    self._wake.wait()
-                wait = self._last + self._period_s - time.monotonic()
-                if wait > 0:
-                    self._wake.wait(wait)
-                    continue  # woken early, or the period is over: look again
-                self._dirty = False
-            self._send()
-
-    def _send(self, **kwargs: Any) -> None:
-        with self._sending:
-            try:
-                self._reporter.report(self._build(**kwargs))
-            except Exception:
-                log.exception("status report failed; training goes on")
-            finally:
-                self._last = time.monotonic()
+    def drain(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._sender.drain(), self._loop).result()
