@@ -194,6 +194,9 @@ class RuntimeStatus(Progress):
     finished: bool
     badCheckpoints: list[BadCheckpointReport]
     """Every report carries the list, empty or not: a merge patch then replaces an earlier attempt's."""
+    checkpointSeconds: NotRequired[float]
+    """Seconds this attempt's saves have kept training waiting so far (the built-in driver: the policy's copy and the
+    barrier's cut; a program: its whole checkpoint block); the operator's goodput counts them."""
     orphanedCheckpoints: NotRequired[list[int]]
     """The steps this attempt set aside as `orphan_step_N` when it claimed the run directory (`retention.set_aside`):
     newer than the step it resumed from, recorded nowhere in the status; the newest `reporting.ORPHANS_LISTED`. The

@@ -49,6 +49,7 @@ from trainingrun_operator.core import (
     allowance,
     conditions,
     events,
+    goodput,
     model,
     naming,
     patching,
@@ -404,6 +405,9 @@ class _Pass:
             self.fail(events.Reason.NO_RESTORABLE_CHECKPOINT, "every recorded checkpoint failed to restore")
             return
         number = (self.attempt.number if self.attempt else 0) + 1
+        spent = goodput.total(self.status, queued=self.inputs.queue is not None)  # the attempts so far, summed
+        if spent is not None:
+            self.update(goodput=model.Goodput(earlier=spent[0]))
         name = naming.rayjob_name(self.inputs.run, number)
         identity = naming.identity_name(self.inputs.run)
         first_identity = self.status.identity is None or self.status.identity.service_account_name is None
@@ -439,7 +443,8 @@ class _Pass:
         book = self.status.checkpoints or model.CheckpointsStatus()
         base = book.latest.step if book.latest else (attempt.resumed_from or 0)
         lost = max(0, max(progress) - base) if progress else None
-        ended = attempt.model_copy(update={"end": self.now, "reason": reason, "message": detail, "steps_lost": lost})
+        seen = goodput.seen(attempt, self.status.runtime, self.status.rate)  # its reports' times, saves, step time
+        ended = seen.model_copy(update={"end": self.now, "reason": reason, "message": detail, "steps_lost": lost})
         entry = ended.model_copy(update={"lost_worker_pods": None})  # the count stays; the names only on the attempt
         self.update(attempt=ended, attempts=[*(self.status.attempts or []), entry][-MAX_ATTEMPT_HISTORY:])
 
@@ -704,6 +709,7 @@ def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
     )
     if inputs.spec is not None:
         p.status = progress.summarise(inputs.spec, p.status, inputs.now)  # what kubectl get and describe show
+    p.status = goodput.keep(p.status, queued=inputs.queue is not None)
     before = {k: v for k, v in old.wire().items() if k != contract.REPORT_FIELD}
     after = {k: v for k, v in p.status.wire().items() if k != contract.REPORT_FIELD}
     return Decision(p.status, patching.diff(before, after), tuple(p.actions), p.requeue)

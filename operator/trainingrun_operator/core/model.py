@@ -421,6 +421,8 @@ class RuntimeReport(_Wire):
     finished: bool | None = None
     metrics: dict[str, float] | None = Field(default=None, max_length=16)
     """A spec.driver program's other figures at its newest reported step (`sdk.Run.report`)."""
+    checkpoint_seconds: float | None = Field(default=None, ge=0)
+    """Seconds this attempt's saves have kept training waiting so far."""
     bad_checkpoints: list[BadCheckpoint] | None = None
     """Checkpoints this attempt's driver passed over (the pinned step, or older ones) because they failed
     verification; the operator adds them to `checkpoints.bad`."""
@@ -465,6 +467,65 @@ class AttemptRecord(_Wire):
     workers_lost: int | None = Field(default=None, ge=0)
     lost_worker_pods: list[str] | None = Field(default=None, max_length=100)
     """The pods counted in `workers_lost` (the newest 100), so none is counted twice; not kept in the history."""
+    first_step: str | None = None
+    """When the attempt's driver first reported a trained step (its `updated`): the end of its start (`goodput`)."""
+    last_report: str | None = None
+    """The time of the attempt's newest report, kept when it ends (a stall counts from it)."""
+    step_seconds: float | None = Field(default=None, ge=0)
+    """Seconds a step took at the recent rate when the attempt ended: what each step it lost costs to train again."""
+    checkpoint_seconds: float | None = Field(default=None, ge=0)
+    """Seconds its saves kept training waiting, as its driver reported them (`status.runtime.checkpointSeconds`)."""
+
+
+class RestartSeconds(_Wire):
+    """The seconds of restarts, by whose part: the operator's (an attempt's end to the next one's RayJob, backoff
+    included), the Ray cluster's start (to the RayJob running) and the driver's (to its first trained step)."""
+
+    operator: float = 0.0
+    cluster: float = 0.0
+    driver: float = 0.0
+
+
+class LostSeconds(_Wire):
+    """Seconds that trained nothing kept, by cause (`goodput`)."""
+
+    start: float = 0.0
+    """The first attempt's start: the apply (after any queue) to its first trained step."""
+    restart: float = 0.0
+    """An attempt's end to the next attempt's first trained step (split in `RestartSeconds`)."""
+    recompute: float = 0.0
+    """Steps trained again after a resume, each at the step time measured before the loss."""
+    stall: float = 0.0
+    """A stalled attempt's last report to the stall's detection."""
+    checkpoint: float = 0.0
+    """Time training waited for saves."""
+
+
+class Spent(_Wire):
+    """Where the seconds of one or more attempts went."""
+
+    productive: float = 0.0
+    queued: float = 0.0
+    """In Kueue's queue, or suspended: reported apart, not counted against goodput."""
+    lost: LostSeconds = Field(default_factory=LostSeconds)
+    restart: RestartSeconds = Field(default_factory=RestartSeconds)
+
+
+class Goodput(_Wire):
+    """The share of the run's time (queues and suspensions left out) that went into training it kept
+    (`goodput.summarise`), as of `asOf`: the newest time the status knows (a report, an attempt's start or end)."""
+
+    ratio: float | None = None
+    elapsed_seconds: float = 0.0
+    """The run's start to `asOf`, queued time left out."""
+    productive_seconds: float = 0.0
+    queued_seconds: float = 0.0
+    lost_seconds: LostSeconds = Field(default_factory=LostSeconds)
+    restart_seconds: RestartSeconds = Field(default_factory=RestartSeconds)
+    as_of: str | None = None
+    earlier: Spent | None = None
+    """The attempts before the current one, summed when the current one started (the history is bounded; this is
+    not)."""
 
 
 class RestartCounts(_Wire):
@@ -524,6 +585,7 @@ class TrainingRunStatus(_Wire):
     eta: str | None = None
     """Time left at the recent rate, rounded, while Running (ETA, -o wide)."""
     rate: ProgressRate | None = None
+    goodput: Goodput | None = None
     attempt_table: list[str] | None = Field(default=None, max_length=102)
     """One aligned line per attempt under a header, for `kubectl describe`."""
 

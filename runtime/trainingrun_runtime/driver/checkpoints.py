@@ -120,6 +120,7 @@ class Checkpoints:
             raise
         blocked_s = time.monotonic() - started
         self.blocked_s.append(blocked_s)
+        self.record.waited_for_save(blocked_s)
         self._commit = asyncio.create_task(
             self._finish(pending, snap, step, reward, reason, started, blocked_s), name=f"checkpoint-commit-{step}"
         )

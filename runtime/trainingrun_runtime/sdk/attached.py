@@ -274,6 +274,7 @@ class Run:
                 _say_and_exit(contract.Prefix.SUPERSEDED, e)
         assert pending.manifest_blake3 is not None  # set by a commit that returned
         self.record.committed(step, path, manifest_blake3=pending.manifest_blake3, reason=reason)
+        self.record.waited_for_save(time.monotonic() - started)  # the program waits for all of it
         self._reports.checkpoint()
         self.record.save_s = time.monotonic() - started
         self._retain(path, noticed)

@@ -7,6 +7,7 @@ and a program alike (`sdk.Run`, `driver.controller`, `driver.checkpoints`, `driv
     save_reason(step, ...)       the save rule: a notice first (once, while a save still fits before its deadline), then
                                  the run's last step, then every savePeriod steps; never a step saved already
     committed(step, path, ...)   a renamed step_N: lastCheckpoint, this attempt's lineage (retention) and save time
+    waited_for_save(seconds)     training waited for a save: checkpointSeconds, summed (the operator's goodput)
     answers_notice()             the newest checkpoint of this attempt answers the head's notice (reason
                                  PreemptionNotice), when the notice found it saved or being saved
     status(finished=...)         status.runtime as of now
@@ -47,6 +48,8 @@ class AttemptRecord:
         """The steps this attempt committed."""
         self.save_s: float | None = None
         """How long this attempt's latest save took, from its begin to its report (None: none yet)."""
+        self.checkpoint_s = 0.0
+        """How long this attempt's saves kept training waiting, in all (`waited_for_save`)."""
 
     # -- what the attempt did ------------------------------------------------------------------------
 
@@ -84,6 +87,10 @@ class AttemptRecord:
             manifestBlake3=manifest_blake3, time=timestamps.now(), reason=reason,
         )  # fmt: skip
         return self.last
+
+    def waited_for_save(self, seconds: float) -> None:
+        """Training waited `seconds` for a save (reported as checkpointSeconds, for the operator's goodput)."""
+        self.checkpoint_s += max(0.0, seconds)
 
     def answers_notice(self) -> bool:
         """This attempt's newest checkpoint answers the head's notice: its reason becomes PreemptionNotice. False when
@@ -142,6 +149,8 @@ class AttemptRecord:
         )  # fmt: skip
         if self.metrics:
             status["metrics"] = dict(self.metrics)
+        if self.checkpoint_s:
+            status["checkpointSeconds"] = round(self.checkpoint_s, 3)
         return status
 
 

@@ -101,12 +101,13 @@ def test_printer_columns_show_phase_progress_step_attempt_restarts_and_age() -> 
     }
 
 
-def test_wide_output_adds_the_workers_lost_by_the_attempt_the_reward_the_eta_and_the_reason() -> None:
+def test_wide_output_adds_the_workers_lost_by_the_attempt_the_reward_the_goodput_the_eta_and_the_reason() -> None:
     (version,) = _crd()["spec"]["versions"]
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) == 1}
     assert wide == {
         "Workers-Lost": ".status.attempt.workersLost",
         "Reward": ".status.reward",
+        "Goodput": ".status.goodput.ratio",
         "ETA": ".status.eta",
         "Reason": ".status.reason",
     }
@@ -115,7 +116,7 @@ def test_wide_output_adds_the_workers_lost_by_the_attempt_the_reward_the_eta_and
 def test_every_status_column_points_at_a_field_the_status_declares_with_the_columns_type() -> None:
     (version,) = _crd()["spec"]["versions"]
     columns = [c for c in version["additionalPrinterColumns"] if c["jsonPath"].startswith(".status.")]
-    assert len(columns) == 9
+    assert len(columns) == 10
     for column in columns:
         node = _schema()
         for part in column["jsonPath"].lstrip(".").split("."):

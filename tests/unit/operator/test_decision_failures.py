@@ -140,4 +140,6 @@ def test_attempt_history_records_start_end_reason_resume_point_and_steps_lost() 
         "message": record["message"],
         "stepsLost": 4,
         "workersLost": 0,
+        "firstStep": record["firstStep"],  # the driver's first report of a step (goodput: test_goodput)
+        "lastReport": record["lastReport"],
     }

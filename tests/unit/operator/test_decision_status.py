@@ -34,7 +34,7 @@ def test_status_times_are_written_to_the_second_and_the_next_attempts_time_to_th
     assert store.status["nextAttemptTime"] == "2025-01-01T00:00:11.987Z"  # tiny's backoff here: 10 s
 
 
-def test_a_pass_that_learns_a_new_step_writes_only_the_progress_fields_and_one_that_learns_nothing_writes_nothing() -> (
+def test_a_pass_that_learns_a_step_writes_only_progress_and_goodput_and_one_that_learns_nothing_writes_nothing() -> (
     None
 ):
     store = Store()
@@ -44,8 +44,9 @@ def test_a_pass_that_learns_a_new_step_writes_only_the_progress_fields_and_one_t
     assert (store.status["progress"], store.status["rate"]["step"]) == ("10/120", 10)
     store.status["runtime"].update(step=25, reward=0.4567, updated="2025-01-01T00:00:30Z")
     store.now += datetime.timedelta(seconds=31)
-    result = store.decide(running(1))
-    assert result.patch == {
+    patch = dict(store.decide(running(1)).patch)
+    assert patch.pop("goodput")["asOf"] == "2025-01-01T00:00:30Z"  # as of the new report (core/goodput.py)
+    assert patch == {
         "progress": "25/120",
         "reward": 0.457,
         "eta": "3m",

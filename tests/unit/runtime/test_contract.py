@@ -56,6 +56,7 @@ def test_the_reports_field_names_are_the_wire_values() -> None:
         "badCheckpoints",
         "orphanedCheckpoints",
         "metrics",
+        "checkpointSeconds",
     }
     assert set(contract.CheckpointReport.__annotations__) == {
         "step",

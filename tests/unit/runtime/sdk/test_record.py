@@ -64,6 +64,10 @@ def test_progress_and_a_commit_move_the_report_and_the_lineage_counts_the_resume
     assert (last["attempt"], last["reason"]) == (2, "Periodic")
     assert 4 in book.lineage and 6 in book.lineage and 8 in book.lineage
     assert 7 not in book.lineage
+    assert "checkpointSeconds" not in status  # no save waited for yet
+    book.waited_for_save(0.25)
+    book.waited_for_save(0.5)
+    assert book.status()["checkpointSeconds"] == 0.75
 
 
 def test_the_save_rule_saves_every_save_period_steps_and_the_last_step_but_never_a_step_twice() -> None:
