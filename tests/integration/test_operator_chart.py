@@ -119,6 +119,8 @@ def test_the_prometheusrule_carries_the_alerts_with_the_values_thresholds_and_th
         "metrics.prometheusRule.checkpointStaleSeconds=7200",
         "--set",
         "metrics.prometheusRule.notRunningFor=45m",
+        "--set",
+        "metrics.prometheusRule.goodputBelow=0.7",
     )
     rule = by_kind(rendered)["PrometheusRule"]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -129,11 +131,13 @@ def test_the_prometheusrule_carries_the_alerts_with_the_values_thresholds_and_th
         "TrainingRunCheckpointStale",
         "TrainingRunFailed",
         "TrainingRunLosingSteps",
+        "TrainingRunLowGoodput",
         "TrainingRunNotRunning",
         "TrainingRunPreemptedOften",
     ]
     assert alerts["TrainingRunCheckpointStale"]["expr"].endswith("> 7200")
     assert alerts["TrainingRunNotRunning"]["for"] == "45m"
+    assert ") < 0.7\nand on (namespace, name)" in alerts["TrainingRunLowGoodput"]["expr"]
     assert "{{ $labels.namespace }}/{{ $labels.name }}" in alerts["TrainingRunFailed"]["annotations"]["summary"]
 
     control_plane.install_crds([binaries.Binaries.locate().prometheus_rule_crd])

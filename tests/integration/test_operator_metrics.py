@@ -142,7 +142,18 @@ def test_prometheus_sees_a_preemption_journey_in_the_counters_histograms_and_gau
     age = prom.value(f"trainingrun_checkpoint_age_seconds{{{run}}}")
     assert age is not None and 0 <= age < 60, age
     labels = {key for series, _ in prom.query(f'{{__name__=~"trainingrun_.+",{run}}}') for key in series}
-    assert labels == {"__name__", "namespace", "name", "class", "phase", "le", "instance", "job"}, labels
+    assert labels == {"__name__", "namespace", "name", "class", "cause", "phase", "le", "instance", "job"}, labels
+
+    # Goodput: status.goodput as the gauge, the counters adding up to its seconds, every cause from the first pass.
+    for cause in ("start", "restart", "recompute", "stall", "checkpoint"):
+        assert prom.value(f'trainingrun_lost_seconds_total{{{run},cause="{cause}"}}') is not None, cause
+    goodput = cluster.status("tiny")["goodput"]
+    prom.wait_for(f"trainingrun_goodput_ratio{{{run}}}", goodput["ratio"])
+    elapsed, lost = goodput["elapsedSeconds"], sum(goodput["lostSeconds"].values())
+    counted = f"trainingrun_elapsed_seconds_total{{{run}}}"
+    eventually(lambda: abs((prom.value(counted) or 0.0) - elapsed) < 0.05, what=f"{counted} at {elapsed}")
+    counted_lost = f"sum(trainingrun_lost_seconds_total{{{run}}})"
+    eventually(lambda: abs((prom.value(counted_lost) or 0.0) - lost) < 0.05, what=f"{counted_lost} at {lost}")
 
     # Every operator panel of the chart's dashboard is valid PromQL, with data now (the driver's panels need Ray).
     for title, expr in dashboards.expressions():
@@ -212,7 +223,7 @@ def test_the_charts_alerts_load_into_prometheus_and_fire_for_a_run_that_failed(
         assert alerts["TrainingRunAttemptsFailing"]["labels"]["class"] == "ApplicationFailure"
         assert "TrainingRunNotRunning" not in alerts and "TrainingRunCheckpointStale" not in alerts
         rules = prom.rules()
-        assert len(rules) == 6 and {r["health"] for r in rules} == {"ok"}, rules
+        assert len(rules) == 7 and {r["health"] for r in rules} == {"ok"}, rules
         for rule in rules:  # a misspelt series would evaluate "ok" to nothing, for ever
             for name in dashboards.metric_names(rule["query"]):
                 assert prom.query(f'{name}{{namespace="{namespace}"}}'), f"{rule['name']}: no series {name}"

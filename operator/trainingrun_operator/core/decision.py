@@ -708,7 +708,8 @@ def _conditions_and_patch(p: _Pass, old: model.TrainingRunStatus) -> Decision:
         ),
     )
     if inputs.spec is not None:
-        p.status = progress.summarise(inputs.spec, p.status, inputs.now)  # what kubectl get and describe show
+        # what kubectl get and describe show
+        p.status = progress.summarise(inputs.spec, p.status, inputs.now, in_queue=inputs.queue is not None)
     p.status = goodput.keep(p.status, queued=inputs.queue is not None)
     before = {k: v for k, v in old.wire().items() if k != contract.REPORT_FIELD}
     after = {k: v for k, v in p.status.wire().items() if k != contract.REPORT_FIELD}

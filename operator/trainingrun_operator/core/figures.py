@@ -9,7 +9,8 @@ status the pass read and the one it wrote. Two things are computed here:
     tally(memory, old, new, now, created)   what that one pass changed: an attempt ended (its class), steps and
                                             worker pods lost, a checkpoint recorded, an attempt started (how
                                             long after the apply, or after the failure), the attempt's first
-                                            report (how long after its start)
+                                            report (how long after its start), the seconds status.goodput
+                                            counted as elapsed or lost (by cause) since the status read
 
 Counting on the transition. Every count comes from a difference between the status read and the status written,
 the same differences that make decision.py emit its events (AttemptStarted, CheckpointRecorded, WorkerLost, the
@@ -48,7 +49,7 @@ from trainingrun_operator.core.classification import FailureClass
 from trainingrun_operator.core.phases import Phase
 from trainingrun_runtime import timestamps
 
-__all__ = ["CLASSES", "FAILURE_CLASSES", "PHASES", "Gauges", "Memory", "Tally", "gauges", "tally"]
+__all__ = ["CLASSES", "FAILURE_CLASSES", "LOST_CAUSES", "PHASES", "Gauges", "Memory", "Tally", "gauges", "tally"]
 
 PHASES: tuple[str, ...] = tuple(p.value for p in Phase)
 FAILURE_CLASSES: tuple[str, ...] = tuple(c.value for c in FailureClass)
@@ -69,6 +70,8 @@ class Gauges:
     """When the newest recorded checkpoint was written (its manifest's time); its age is counted at scrape time."""
     driver_step: int | None
     """The driver's newest reported step (`status.runtime.step`), of whichever attempt reported last."""
+    goodput_ratio: float | None = None
+    """`status.goodput.ratio` (`goodput`)."""
 
 
 def gauges(status: model.TrainingRunStatus) -> Gauges:
@@ -79,6 +82,7 @@ def gauges(status: model.TrainingRunStatus) -> Gauges:
         checkpoint_step=latest.step if latest else None,
         checkpoint_time=_time(latest.time) if latest else None,
         driver_step=status.runtime.step if status.runtime else None,
+        goodput_ratio=status.goodput.ratio if status.goodput else None,
     )
 
 
@@ -104,6 +108,12 @@ class Tally:
     first_rayjob_seconds: float | None = None
     restart_seconds: float | None = None
     first_report_seconds: float | None = None
+    lost_seconds: tuple[tuple[str, float], ...] = ()
+    """Seconds the pass added to `status.goodput.lostSeconds`, by cause (the causes that grew)."""
+    elapsed_seconds: float = 0.0
+    """Seconds the pass added to `status.goodput.elapsedSeconds` (the run's time, queues left out): with the lost
+    seconds, the goodput of any window (productive time is the rest, and may still turn out lost: a counter
+    of it could not shrink back)."""
 
 
 def tally(
@@ -135,7 +145,28 @@ def tally(
         first_rayjob_seconds=first_rayjob,
         restart_seconds=restart,
         first_report_seconds=_first_report(memory, old, new, now),
+        lost_seconds=_lost_seconds(old.goodput, new.goodput),
+        elapsed_seconds=_grown(old.goodput, new.goodput, "elapsed_seconds"),
     )
+
+
+LOST_CAUSES: tuple[str, ...] = tuple(model.LostSeconds.model_fields)
+"""The causes of `status.goodput.lostSeconds`, the label values of trainingrun_lost_seconds_total."""
+
+
+def _lost_seconds(old: model.Goodput | None, new: model.Goodput | None) -> tuple[tuple[str, float], ...]:
+    if new is None:
+        return ()
+    before = old.lost_seconds if old is not None else model.LostSeconds()
+    grown = ((k, getattr(new.lost_seconds, k) - getattr(before, k)) for k in LOST_CAUSES)
+    return tuple((k, v) for k, v in grown if v > 0)  # recompute shrinks when a notice's checkpoint is read late
+
+
+def _grown(old: model.Goodput | None, new: model.Goodput | None, field: str) -> float:
+    """How much `field` of the goodput grew in the pass; a figure that shrank counts nothing: counters only grow."""
+    if new is None:
+        return 0.0
+    return max(0.0, float(getattr(new, field)) - (float(getattr(old, field)) if old is not None else 0.0))
 
 
 # ------------------------------------------------------------------------------------------------- parts

@@ -33,7 +33,7 @@ import datetime
 from trainingrun_operator.core import model
 from trainingrun_runtime import timestamps
 
-__all__ = ["attempt_spent", "fold", "keep", "seen", "summarise", "total"]
+__all__ = ["attempt_spent", "fold", "keep", "line", "seen", "summarise", "total"]
 
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
@@ -197,3 +197,13 @@ def keep(status: model.TrainingRunStatus, *, queued: bool = False) -> model.Trai
             status = status.model_copy(update={"attempt": attempt.model_copy(update={"first_step": first})})
     found = summarise(status, queued=queued)
     return status if found is None or found == status.goodput else status.model_copy(update={"goodput": found})
+
+
+def line(found: model.Goodput | None) -> str:
+    """`goodput 0.931 (lost: start 30s, restart 40s; queued 5s)`, for a person; '' without a figure."""
+    if found is None or found.ratio is None:
+        return ""
+    lost = [(k, getattr(found.lost_seconds, k)) for k in model.LostSeconds.model_fields]
+    said = ", ".join(f"{k} {v:.0f}s" for k, v in lost if v >= 1) or "nothing"
+    queued = f"; queued {found.queued_seconds:.0f}s" if found.queued_seconds >= 1 else ""
+    return f"goodput {found.ratio:.3f} (lost: {said}{queued})"

@@ -8,7 +8,8 @@ into fields of the status that the operator owns:
     status.reward        0.812      the current attempt's newest reported reward, 3 decimals  REWARD  (-o wide)
     status.eta           "4m"       steps left at the recent rate, rounded (Running only)     ETA     (-o wide)
     status.rate          the report the rate was last measured at, and the rate (steps per second)
-    status.attemptTable  one aligned line per attempt under a header: `kubectl describe` prints it as a table
+    status.attemptTable  one aligned line per attempt under a header: `kubectl describe` prints it as a table; an
+                         ended attempt's LOST cell is its lost seconds by cause (`goodput`)
 
 The step shown is the current attempt's newest reported step (`status.runtime.step`, fenced like every report:
 only the current attempt's, and not once it ended unless it succeeded); without one, the newest recorded checkpoint
@@ -29,7 +30,7 @@ from __future__ import annotations
 import datetime
 import math
 
-from trainingrun_operator.core import model
+from trainingrun_operator.core import goodput, model
 from trainingrun_operator.core.phases import Phase
 from trainingrun_runtime import timestamps
 from trainingrun_runtime.config import TrainerConfig
@@ -56,9 +57,10 @@ _DEFAULT_STEPS: int = TrainerConfig.model_fields["steps"].default
 
 
 def summarise(
-    spec: model.TrainingRunSpec, status: model.TrainingRunStatus, now: datetime.datetime
+    spec: model.TrainingRunSpec, status: model.TrainingRunStatus, now: datetime.datetime, *, in_queue: bool = False
 ) -> model.TrainingRunStatus:
-    """`status` with its progress fields brought up to date (see the module docstring)."""
+    """`status` with its progress fields brought up to date (see the module docstring). `in_queue`: the run waits in a
+    queue for its attempts."""
     report = _current_report(status)
     target = _target_steps(spec)
     step = _shown_step(status, report)
@@ -76,7 +78,7 @@ def summarise(
             "reward": reward,
             "eta": eta,
             "rate": rate,
-            "attempt_table": attempt_table(status) or None,
+            "attempt_table": attempt_table(status, in_queue=in_queue) or None,
         }
     )
 
@@ -160,10 +162,14 @@ def _span(start: str | None, end: str | None) -> str:
     if start is None or end is None:
         return "-"
     try:
-        seconds = int((timestamps.parse(end) - timestamps.parse(start)).total_seconds())
+        return _exact((timestamps.parse(end) - timestamps.parse(start)).total_seconds())
     except ValueError:
         return "-"
-    minutes, secs = divmod(max(0, seconds), 60)
+
+
+def _exact(seconds: float) -> str:
+    """`45s`, `5m12s`, `2h03m`, `1d04h`."""
+    minutes, secs = divmod(max(0, int(seconds)), 60)
     hours, mins = divmod(minutes, 60)
     days, hrs = divmod(hours, 24)
     if days:
@@ -173,11 +179,20 @@ def _span(start: str | None, end: str | None) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-_HEADER = ("ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST")
+_HEADER = ("ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST", "LOST")
 
 
-def _row(record: model.AttemptRecord, queued: bool = False) -> tuple[str, ...]:
-    """One attempt's cells; the current one ran (or waits in a queue, `queued`) until now."""
+def _lost(spent: model.Spent | None) -> str:
+    """An ended attempt's lost seconds by cause (`goodput`), e.g. `restart=40s,recompute=16s`; `-` for none."""
+    if spent is None:
+        return "-"
+    causes = [(k, getattr(spent.lost, k)) for k in model.LostSeconds.model_fields]
+    return ",".join(f"{k}={_exact(v)}" for k, v in causes if v >= 1) or "-"
+
+
+def _row(record: model.AttemptRecord, queued: bool = False, spent: model.Spent | None = None) -> tuple[str, ...]:
+    """One attempt's cells; the current one ran (or waits in a queue, `queued`) until now. `spent`: where an ended
+    attempt's time went."""
     running = record.end is None
 
     def shown(value: int | str | None) -> str:
@@ -191,11 +206,13 @@ def _row(record: model.AttemptRecord, queued: bool = False) -> tuple[str, ...]:
         "-" if running else shown(record.reason),
         "-" if running else shown(record.steps_lost),
         str(record.workers_lost or 0),
+        "-" if running else _lost(spent),
     )
 
 
-def attempt_table(status: model.TrainingRunStatus) -> list[str]:
-    """Every attempt, oldest first, the running one last, as aligned lines under a header; [] before the first."""
+def attempt_table(status: model.TrainingRunStatus, *, in_queue: bool = False) -> list[str]:
+    """Every attempt, oldest first, the running one last, as aligned lines under a header; [] before the first.
+    `in_queue`: the run waits in a queue for its attempts (`goodput.attempt_spent`)."""
     records = list(status.attempts or [])
     current = status.attempt
     if current is not None and current.end is None:
@@ -203,6 +220,16 @@ def attempt_table(status: model.TrainingRunStatus) -> list[str]:
     if not records:
         return []
     queued = status.phase == Phase.QUEUED.value
-    rows = [_HEADER, *(_row(r, queued and r is current) for r in records[-(MAX_TABLE_LINES - 1) :])]
+    shown = records[-(MAX_TABLE_LINES - 1) :]
+    before = {r.number: r for r in records}
+
+    def spent(r: model.AttemptRecord) -> model.Spent | None:
+        if r.end is None or r.start is None or status.start_time is None:
+            return None
+        previous = before.get(r.number - 1)
+        run_start = status.start_time if r.number == 1 else r.start  # an older attempt trimmed from the history
+        return goodput.attempt_spent(r, previous, run_start=run_start, until=r.end, queued=in_queue)
+
+    rows = [_HEADER, *(_row(r, queued and r is current, spent(r)) for r in shown)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]

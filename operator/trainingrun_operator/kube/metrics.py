@@ -17,6 +17,12 @@ pod name, so a run has a fixed number of series, all removed when it is deleted.
     trainingrun_checkpoint_step                       the newest recorded checkpoint's step       } none before
     trainingrun_checkpoint_age_seconds                its age at the scrape                       } the first
     trainingrun_driver_step                           the driver's newest reported step (status.runtime.step)
+    trainingrun_goodput_ratio                         status.goodput.ratio: the share of the run's time (queues
+                                                      left out) that went into training it kept
+    trainingrun_elapsed_seconds_total                 seconds of the run status.goodput counted (queues left out)
+    trainingrun_lost_seconds_total{cause}             seconds of them it counted lost, by cause: start, restart,
+                                                      recompute, stall, checkpoint (the goodput of a window:
+                                                      1 - increase(lost) / increase(elapsed))
     trainingrun_attempts_ended_total{class}           attempts ended, by class: Preempted, ApplicationFailure,
                                                       InfrastructureFailure, FailedRestore, Stalled (the failure
                                                       classes), Succeeded, Suspended, InvalidSpec
@@ -113,6 +119,11 @@ class _RunGauges(Collector):
         driver = GaugeMetricFamily(
             f"{NAMESPACE}_driver_step", "The driver's newest reported step (status.runtime.step).", labels=RUN
         )
+        ratio = GaugeMetricFamily(
+            f"{NAMESPACE}_goodput_ratio",
+            "The share of the run's time (queues left out) that went into training it kept (status.goodput.ratio).",
+            labels=RUN,
+        )
         for (namespace, name), run in sorted(runs.items()):
             for value in figures.PHASES:
                 phase.add_metric([namespace, name, value], 1.0 if run.phase == value else 0.0)
@@ -123,7 +134,9 @@ class _RunGauges(Collector):
                 age.add_metric([namespace, name], max(0.0, (now - run.checkpoint_time).total_seconds()))
             if run.driver_step is not None:
                 driver.add_metric([namespace, name], run.driver_step)
-        yield from (phase, attempt, step, age, driver)
+            if run.goodput_ratio is not None:
+                ratio.add_metric([namespace, name], run.goodput_ratio)
+        yield from (phase, attempt, step, age, driver, ratio)
 
 
 class Exporter:
@@ -161,6 +174,20 @@ class Exporter:
         self.checkpoints_recorded = Counter(
             "checkpoints_recorded", "Checkpoints recorded in the status.", RUN, namespace=NAMESPACE, registry=reg
         )
+        self.elapsed_seconds = Counter(
+            "elapsed_seconds",
+            "Seconds of the run status.goodput counted (queues and suspensions left out).",
+            RUN,
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self.lost_seconds = Counter(
+            "lost_seconds",
+            "Seconds status.goodput counted lost, by cause (start, restart, recompute, stall, checkpoint).",
+            [*RUN, "cause"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
         self.first_rayjob = Histogram(
             "first_rayjob_duration_seconds",
             "Seconds from the run's creation (the apply) to its first RayJob.",
@@ -193,7 +220,7 @@ class Exporter:
             buckets=RECONCILE_BUCKETS,
         )
         self.registry.register(_RunGauges(self))
-        self._per_run = (self.steps_lost, self.workers_lost, self.checkpoints_recorded)
+        self._per_run = (self.steps_lost, self.workers_lost, self.checkpoints_recorded, self.elapsed_seconds)
         self._histograms = (self.first_rayjob, self.restart, self.first_report)
 
     # -- the server
@@ -245,9 +272,12 @@ class Exporter:
             (self.steps_lost, tally.steps_lost),
             (self.workers_lost, tally.workers_lost),
             (self.checkpoints_recorded, tally.checkpoints_recorded),
+            (self.elapsed_seconds, tally.elapsed_seconds),
         ):
             if value:
                 counter.labels(namespace, name).inc(value)
+        for cause, lost in tally.lost_seconds:
+            self.lost_seconds.labels(namespace, name, cause).inc(lost)
         for histogram, seconds in (
             (self.first_rayjob, tally.first_rayjob_seconds),
             (self.restart, tally.restart_seconds),
@@ -260,6 +290,8 @@ class Exporter:
         """Every series of a run from its first pass, at 0."""
         for cls in figures.CLASSES:
             self.attempts_ended.labels(namespace, name, cls)
+        for cause in figures.LOST_CAUSES:
+            self.lost_seconds.labels(namespace, name, cause)
         for metric in (*self._per_run, *self._histograms):
             metric.labels(namespace, name)
 
@@ -278,7 +310,7 @@ class Exporter:
             self._memory.pop(key, None)
         if not known:
             return
-        for metric in (self.attempts_ended, *self._per_run, *self._histograms):
+        for metric in (self.attempts_ended, self.lost_seconds, *self._per_run, *self._histograms):
             metric.remove_by_labels({"namespace": namespace, "name": name})
 
     def snapshot(self) -> dict[Key, figures.Gauges]:

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 
-from trainingrun_operator.core import decision, errors, events, model, patching, rayjob, validation
+from trainingrun_operator.core import decision, errors, events, goodput, model, patching, rayjob, validation
 from trainingrun_operator.core.observation import AttemptObservation, PodObservation
 from trainingrun_operator.core.phases import TERMINAL, Phase
 from trainingrun_operator.localmode import driver_process, processes, reaper, runfile
@@ -515,9 +515,11 @@ def run_file(path: pathlib.Path, *, root: pathlib.Path, chaos: bool = False, see
     status = local.status
     plot = plot_rewards(local.dir, status)
     latest = ((status.get("checkpoints") or {}).get("latest") or {}).get("step")
+    spent = goodput.line(model.Goodput.model_validate(status["goodput"]) if status.get("goodput") else None)
     print(
         f"{run.metadata.name}: {phase.value} after {len(status.get('attempts') or [])} attempt(s), "
-        f"newest checkpoint step {latest}; status {local.dir / 'status.json'}" + (f", plot {plot}" if plot else ""),
+        f"newest checkpoint step {latest}" + (f", {spent}" if spent else "") + f"; status {local.dir / 'status.json'}"
+        + (f", plot {plot}" if plot else ""),
         file=sys.stderr,
-    )
+    )  # fmt: skip
     return 0 if phase is Phase.SUCCEEDED else 1

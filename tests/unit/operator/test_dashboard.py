@@ -29,6 +29,7 @@ def operator_series() -> set[str]:
             "attempt": {"number": 1, "start": "2025-01-01T00:00:00Z"},
             "checkpoints": {"latest": checkpoint},
             "runtime": {"attempt": 1, "step": 12, "lastCheckpoint": checkpoint},
+            "goodput": {"ratio": 0.9},
         }
     )
     exporter = metrics.Exporter(clock=lambda: T0)
@@ -75,6 +76,12 @@ def test_the_first_questions_have_panels() -> None:
     assert "trainingrun_checkpoint_age_seconds" in reads["Newest checkpoint's age"]
     assert "trainingrun_steps_lost_total" in reads["Steps lost"]
     assert "trainingrun_attempts_ended_total" in reads["Attempts ended by class"]
+    assert reads["Goodput"] == {
+        "trainingrun_goodput_ratio",
+        "trainingrun_lost_seconds_total",
+        "trainingrun_elapsed_seconds_total",
+    }
+    assert reads["Time lost by cause"] == {"trainingrun_lost_seconds_total"}
     resume = {title for title, names in reads.items() if title.startswith("Time to resume")}
     assert {n for t in resume for n in reads[t]} == {
         "trainingrun_restart_duration_seconds_bucket",

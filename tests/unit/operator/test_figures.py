@@ -146,7 +146,9 @@ def test_a_preemption_counts_one_preempted_attempt_its_lost_steps_once_the_next_
     assert journey.decide(running(1)).first_report_seconds == 8.0, "attempt start -> its driver's first report"
     journey.after(1)
     journey.report(1, 13, checkpoint=10)  # three steps past the checkpoint
-    assert journey.decide(running(1)) == Tally(), "a progress report changes no count"
+    moved = journey.decide(running(1))
+    assert moved.elapsed_seconds == 1.0, "a second of the run, between the two reports"
+    assert dataclasses.replace(moved, elapsed_seconds=0.0) == Tally(), "a progress report changes no other count"
 
     at_end = journey.decide(preempted(1))
     assert journey.status["phase"] == "Restarting" and journey.status["attempt"]["stepsLost"] == 3
@@ -321,7 +323,8 @@ def test_the_gauges_are_the_phase_attempt_newest_checkpoint_and_the_drivers_newe
     journey.report(1, 13, checkpoint=10)
     journey.decide(running(1))
     gauges = figures.gauges(model.TrainingRunStatus.model_validate(journey.status))
-    assert gauges == figures.Gauges("Running", 1, 10, T0 + datetime.timedelta(seconds=3), 13)
+    ratio = journey.status["goodput"]["ratio"]
+    assert gauges == figures.Gauges("Running", 1, 10, T0 + datetime.timedelta(seconds=3), 13, ratio)
 
 
 def test_the_classes_are_the_failure_classes_then_the_other_endings() -> None:
@@ -360,3 +363,32 @@ def test_a_queued_attempts_first_report_is_counted_from_its_admission_not_its_wa
     )
     now = T0 + datetime.timedelta(minutes=11)
     assert figures.tally(Memory(started=(1, T0)), old, new, now)[1].first_report_seconds == 30.0
+
+
+def test_the_goodput_counts_add_up_to_the_status_across_a_restart() -> None:
+    journey = Journey()
+    first_attempt_running(journey)
+    journey.after(5)
+    journey.report(1, 10)
+    journey.decide(running(1))
+    journey.after(30)
+    journey.report(1, 40, checkpoint=40)
+    journey.decide(running(1))
+    journey.after(1)
+    journey.decide(preempted(1))
+    journey.after(1)
+    journey.decide(gone(1))
+    journey.after(10)
+    journey.decide(running(2))
+    journey.after(5)
+    journey.report(2, 41)
+    journey.decide(running(2))
+    counted: dict[str, float] = {}
+    for t in journey.tallies:
+        for cause, seconds in t.lost_seconds:
+            counted[cause] = counted.get(cause, 0.0) + seconds
+    lost = journey.status["goodput"]["lostSeconds"]
+    assert counted == pytest.approx({k: v for k, v in lost.items() if v > 0})
+    assert counted["restart"] >= 16, "attempt 1's end to attempt 2's first step"
+    elapsed = sum(t.elapsed_seconds for t in journey.tallies)
+    assert elapsed == pytest.approx(journey.status["goodput"]["elapsedSeconds"])

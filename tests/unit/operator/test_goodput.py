@@ -185,3 +185,13 @@ def test_only_a_report_of_this_attempt_past_its_resume_point_is_its_first_step()
     broken = model.RuntimeReport(attempt=2, step=41, updated=at(120), restore_error="RestoreFailed: torn")
     assert goodput.seen(resumed, broken, None).first_step is None
     assert goodput.seen(resumed, model.RuntimeReport(attempt=2, step=41, updated=at(121)), None).first_step == at(121)
+
+
+def test_the_line_for_a_person_names_each_cause_that_cost_a_second_and_the_queue_apart() -> None:
+    status = run(
+        attempt(1, 0, admitted=5, running=15, first=30, end=100, reason="Preempted", steps_lost=0, last_report=99),
+        attempt(2, 105, running=125, first=140, end=200, reason="Succeeded", last_report=200, checkpoint=0.4),
+    )
+    said = goodput.line(summary(status, queued=True))
+    assert said == "goodput 0.665 (lost: start 25s, restart 40s; queued 5s)"  # 129.6 of 195 s; 0.4 s saving
+    assert goodput.line(None) == ""

@@ -121,14 +121,14 @@ def test_a_deleted_runs_series_go_and_a_pass_still_in_flight_brings_none_back() 
     assert value(exporter, "trainingrun_reconcile_duration_seconds_count") == 1
 
 
-def test_labels_are_bounded_to_the_run_the_class_the_phase_and_the_bucket() -> None:
+def test_labels_are_bounded_to_the_run_the_class_the_cause_the_phase_and_the_bucket() -> None:
     exporter = exporter_at(T0)
     exporter.passed("ns", "tiny", "u1", status(), STARTED, T0, "2024-12-31T23:59:59Z")
     exporter.passed("ns", "tiny", "u1", STARTED, RUNNING, T0)
     exporter.passed("ns", "tiny", "u1", RUNNING, PREEMPTED, T0)
     exporter.reconciled(0.02)
     found = samples(exporter)
-    assert {k for _, labels in found for k, _ in labels} == {"namespace", "name", "class", "phase", "le"}
+    assert {k for _, labels in found for k, _ in labels} == {"namespace", "name", "class", "cause", "phase", "le"}
     per_run = {(name, frozenset(dict(labels).keys())) for name, labels in found}
     assert all(RUN_LABELS <= keys or name.startswith("trainingrun_reconcile_") for name, keys in per_run)
 

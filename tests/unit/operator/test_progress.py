@@ -163,7 +163,9 @@ def test_the_eta_is_rounded_so_that_it_changes_rarely(seconds: float, shown: str
 # ------------------------------------------------------------------------------------ the attempt table
 
 
-def test_the_attempt_table_has_a_header_one_aligned_line_per_attempt_and_the_running_one_last() -> None:
+def test_the_attempt_table_has_a_header_one_aligned_line_per_attempt_with_its_lost_seconds_the_running_one_last() -> (
+    None
+):
     ended = {
         "number": 1,
         "start": at(0),
@@ -171,6 +173,8 @@ def test_the_attempt_table_has_a_header_one_aligned_line_per_attempt_and_the_run
         "reason": "Preempted",
         "stepsLost": 3,
         "workersLost": 0,
+        "firstStep": at(30),
+        "stepSeconds": 2.0,
     }
     second = {
         "number": 2,
@@ -184,16 +188,17 @@ def test_the_attempt_table_has_a_header_one_aligned_line_per_attempt_and_the_run
     st = model.TrainingRunStatus.model_validate(
         {
             "phase": "Running",
+            "startTime": at(0),
             "attempts": [ended, second],
             "attempt": {"number": 3, "start": at(20000), "resumedFrom": 120, "workersLost": 2},
         }
     )
     table = progress.attempt_table(st)
     assert [line.split() for line in table] == [
-        ["ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST"],
-        ["1", at(0), "5m12s", "fresh", "Preempted", "3", "0"],
-        ["2", at(400), "3h04m", "60", "ApplicationFailure", "0", "1"],
-        ["3", at(20000), "running", "120", "-", "-", "2"],
+        ["ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST", "LOST"],
+        ["1", at(0), "5m12s", "fresh", "Preempted", "3", "0", "start=30s,recompute=6s"],
+        ["2", at(400), "3h04m", "60", "ApplicationFailure", "0", "1", "restart=3h05m"],  # never trained: all of it
+        ["3", at(20000), "running", "120", "-", "-", "2", "-"],
     ]
     starts = {line.index(word) for line, word in zip(table, ["STARTED", at(0), at(400), at(20000)], strict=True)}
     assert len(starts) == 1, "every column starts at the same offset on every line"
