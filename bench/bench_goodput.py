@@ -5,6 +5,10 @@
               worker eviction, head eviction (Eviction API), worker eviction, SIGKILL of the driver, worker-node
               failure (the machine gone; the cloud registers a new node of the same name and shape)
     goodput_under_disruption = calm wall time / storm wall time           (goal >= 0.8 on this machine)
+    goodput_operator_vs_measured_abs_diff = |the storm's status.goodput.ratio - its goodput measured here|
+        (goal <= 0.03), measured from the drivers' own event logs on the PVC: the seconds between each step the run
+        kept and the step before it in the same attempt (an attempt's first kept step at its attempt's median step
+        time), over the run's time from its first attempt's start to its last step
     steps_lost_per_unannounced_kill = the steps the driver's SIGKILL lost (no notice: the steps its attempt finished
         past the one the next attempt resumed from, from the event logs), struck at a random moment of a save
         period, at the example's savePeriod                               (goal < savePeriod)
@@ -40,9 +44,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -61,7 +67,8 @@ import fullloop  # noqa: E402
 import ourop  # noqa: E402
 from support import waiting  # noqa: E402
 from trainingrun_runtime import timestamps  # noqa: E402
-from trainingrun_runtime.driver import events, notice  # noqa: E402
+from trainingrun_runtime.driver import events  # noqa: E402
+from trainingrun_runtime.sdk import notice  # noqa: E402
 
 NAMESPACE = "bench-goodput"
 SAVE_PERIOD = int(examples.tiny_run()["spec"]["checkpoint"]["savePeriod"])
@@ -283,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"calm: {calm:.0f} s; storm: {[(s.kind, s.at_step) for s in schedule]}", flush=True)
             storm = run_once(plane, bed, "storm", args.steps, schedule, rng)
             rates = measure_progress(plane, bed, "storm", schedule)
-            history = status(plane, "storm").get("attempts") or []
+            final = status(plane, "storm")
+            history = final.get("attempts") or []
+            measured = measured_goodput(step_times(bed, "storm")[0], history, final)
         finally:
             with contextlib.suppress(Exception):
                 plane.kubectl("delete", "trainingruns.trainingrun.dev", "--all", "-n", NAMESPACE, "--wait=true",
@@ -291,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             operator.stop()
     figures = figures_of(args, calm, storm, schedule, history)
     figures["calm_steps_per_s"] = round(calm_rate, 2)
+    ratio = (final.get("goodput") or {}).get("ratio")
+    figures["goodput_operator"] = ratio
+    figures["goodput_measured"] = round(measured, 3)
+    figures["goodput_operator_vs_measured_abs_diff"] = round(abs(ratio - measured), 3) if ratio is not None else None
+    figures["goodput_operator_lost_s"] = (final.get("goodput") or {}).get("lostSeconds")
+    figures["goals"]["goodput_operator_vs_measured_abs_diff"] = "<= 0.03"
     for kind in WORKER_KINDS:
         after = [r for k, r in rates.items() if k.startswith(f"{kind}#") and not k.endswith(":replaced")]
         back = [r for k, r in rates.items() if k.startswith(f"{kind}#") and k.endswith(":replaced")]
@@ -299,6 +314,26 @@ def main(argv: list[str] | None = None) -> int:
     results.merge("goodput", figures)
     print(json.dumps(figures, indent=2, sort_keys=True))
     return 0
+
+
+def measured_goodput(done: list[tuple[float, int, int]], history: list[dict[str, Any]], final: dict[str, Any]) -> float:
+    """The storm's goodput from the drivers' event logs (`done`: time, attempt, step of every finished step): the
+    steps the run kept are each attempt's past the step it resumed from, up to the step the next one resumed from;
+    each costs the time since the step before it in the same attempt (an attempt's first, its median step time).
+    Over the run's time: its first attempt's start (status) to its last finished step."""
+    resumed = {int(a["number"]): int(a.get("resumedFrom") or 0) for a in history}
+    attempts = sorted({a for _, a, _ in done})
+    kept_s = 0.0
+    for i, number in enumerate(attempts):
+        upto = resumed.get(attempts[i + 1], 0) if i + 1 < len(attempts) else None
+        mine = [
+            (t, s) for t, a, s in done if a == number and s > resumed.get(number, 0) and (upto is None or s <= upto)
+        ]
+        gaps = [t - u for (u, _), (t, _) in itertools.pairwise(mine)]
+        if mine:
+            kept_s += sum(gaps) + (statistics.median(gaps) if gaps else 0.0)
+    start = timestamps.parse(final["startTime"]).timestamp()
+    return kept_s / (done[-1][0] - start)
 
 
 def figures_of(args: argparse.Namespace, calm: float, storm: float, schedule: list[Strike],

@@ -47,6 +47,7 @@ REQUIRED = [
     "failure_to_next_rayjob_ms_beyond_backoff",
     "operator_rss_mb_500_runs",
     "goodput_under_disruption",
+    "goodput_operator_vs_measured_abs_diff",
     "worker_loss_steps_lost",
     "worker_loss_new_attempts",
     "graceful_head_loss_steps_lost",
