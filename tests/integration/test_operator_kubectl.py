@@ -41,7 +41,7 @@ def table(control_plane: Any, namespace: str, *args: str) -> dict[str, str]:
     return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
-def test_get_shows_progress_and_wide_adds_reward_and_eta_from_the_drivers_reports(
+def test_get_shows_progress_and_wide_adds_reward_goodput_and_eta_from_the_drivers_reports(
     control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
 ) -> None:
     cluster.apply_run(tiny_run())
@@ -63,6 +63,11 @@ def test_get_shows_progress_and_wide_adds_reward_and_eta_from_the_drivers_report
     wide = table(control_plane, cluster.namespace, "-o", "wide")
     assert (wide["REWARD"], wide["ETA"]) == ("0.457", "4m")  # 15 steps in 35 s; 95 left: 222 s
 
+    cluster.report("tiny", attempt=1, step=30, updated=timestamps.now())  # now, by the operator's clock too
+    eventually(lambda: (cluster.status("tiny").get("goodput") or {}).get("ratio") is not None, what="goodput")
+    ratio = cluster.status("tiny")["goodput"]["ratio"]
+    assert table(control_plane, cluster.namespace, "-o", "wide")["GOODPUT"] == f"{ratio:g}" and 0 < ratio <= 1
+
 
 def test_describe_shows_the_attempt_history_as_an_aligned_table(
     control_plane: Any, cluster: Cluster, kuberay: KubeRayDouble, operator: InProcessOperator
@@ -79,9 +84,12 @@ def test_describe_shows_the_attempt_history_as_an_aligned_table(
     described = control_plane.kubectl("describe", "trun", "tiny", "-n", cluster.namespace).stdout.splitlines()
     start = next(i for i, line in enumerate(described) if line.strip() == "Attempt Table:")
     header, first, second = described[start + 1 : start + 4]
-    assert header.split() == ["ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST"]
+    assert header.split() == [
+        "ATTEMPT", "STARTED", "RAN", "RESUMED-FROM", "ENDED-AS", "STEPS-LOST", "WORKERS-LOST", "LOST"
+    ]  # fmt: skip
     assert first.split()[0] == "1" and first.split()[3:6] == ["fresh", "Preempted", "0"]
-    assert second.split()[0] == "2" and second.split()[2:5] == ["running", "10", "-"]
+    assert len(first.split()) == 8, "an ended attempt's lost seconds: its start at least, or - under a second"
+    assert second.split()[0] == "2" and second.split()[2:5] == ["running", "10", "-"] and second.split()[-1] == "-"
     for column in ("STARTED", "RAN", "RESUMED-FROM", "ENDED-AS"):
         offset = header.index(column)
         assert first[offset - 2 : offset] == "  " and first[offset] != " ", f"{column} misaligned:\n{header}\n{first}"

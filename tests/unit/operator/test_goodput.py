@@ -8,6 +8,8 @@ import datetime
 
 import pytest
 
+from support.decisions import T0 as D0
+from support.decisions import Store, failed, running, start_and_run
 from trainingrun_operator.core import goodput, model
 from trainingrun_runtime import timestamps
 
@@ -195,3 +197,39 @@ def test_the_line_for_a_person_names_each_cause_that_cost_a_second_and_the_queue
     said = goodput.line(summary(status, queued=True))
     assert said == "goodput 0.665 (lost: start 25s, restart 40s; queued 5s)"  # 129.6 of 195 s; 0.4 s saving
     assert goodput.line(None) == ""
+
+
+def test_the_decision_core_keeps_the_first_step_the_ended_attempts_figures_and_the_fold_through_a_kill() -> None:
+    """Through `decision.decide`: attempt 1 trains from 0:10 to 1:40 (step 50, checkpoint 40), is killed at 1:41;
+    attempt 2 starts at once and trains from 2:00."""
+    store = Store()
+    start_and_run(store)
+
+    def when(seconds: float) -> str:
+        return timestamps.rfc3339(D0 + datetime.timedelta(seconds=seconds))
+
+    def report(attempt: int, step: int, at_s: float, *, checkpoint: int) -> None:
+        store.report(attempt, checkpoint, updated=when(at_s), checkpointSeconds=0.5)
+        store.status["runtime"]["step"] = step
+        store.now = D0 + datetime.timedelta(seconds=at_s)
+        store.decide(running(attempt))
+
+    report(1, 1, 10, checkpoint=1)
+    report(1, 50, 100, checkpoint=40)
+    store.status["rate"] = {"attempt": 1, "step": 50, "time": when(100), "stepsPerSecond": 0.5}
+    store.now = D0 + datetime.timedelta(seconds=101)
+    store.decide(failed(1))
+    ended = store.status["attempt"]
+    assert (ended["firstStep"], ended["lastReport"], ended["stepSeconds"], ended["checkpointSeconds"]) == (
+        when(10), when(100), 2.0, 0.5
+    )  # fmt: skip
+    store.now = D0 + datetime.timedelta(seconds=111)  # the failure's backoff, then attempt 2
+    start_and_run(store)
+    assert store.status["goodput"]["earlier"]["lost"]["recompute"] == 20.0  # 10 steps past step 40, 2 s each
+    report(2, 41, 120, checkpoint=40)
+    g = store.status["goodput"]
+    assert g["lostSeconds"]["start"] == 10.0
+    assert g["lostSeconds"]["restart"] == 120 - 101
+    assert g["lostSeconds"]["recompute"] == 20.0
+    assert g["productiveSeconds"] == pytest.approx((101 - 10) - 20 - 0.5)  # first step to the end, less the losses
+    assert g["asOf"] == "2025-01-01T00:02:00Z"
