@@ -73,6 +73,8 @@ def test_a_frozen_driver_is_ended_as_stalled_and_attempt_2_resumes_from_the_reco
     latest = final["checkpoints"]["latest"]
     assert (latest["step"], latest["attempt"]) == (30, 2), latest
     assert localpod.pod_processes(head["metadata"]["uid"]) == [], f"the frozen {frozen} went with their pod"
+    lost = final["goodput"]["lostSeconds"]  # the last report to the detection (the end is written to the second)
+    assert DEADLINE - HOLD - 2 <= lost["stall"] <= DEADLINE + 30 and lost["restart"] > 0, final["goodput"]
     print(
         f"\nFIGURES stall_deadline_s={DEADLINE} freeze_to_stalled_s={detected_after:.1f} resumed_from={recorded_by_1}"
     )

@@ -122,3 +122,6 @@ def test_an_evicted_head_saves_on_the_notice_loses_no_step_and_the_run_ends_as_a
     assert latest["step"] == steps and latest["weightsSha256"] == reference.at(steps)
     assert saved["weightsSha256"] == reference.at(saved["step"]), "the notice's checkpoint holds its step's weights"
     weights.assert_moved(weights.recorded(final))  # the notice's checkpoint among them
+    lost = final["goodput"]["lostSeconds"]  # the notice saved every step: the restart is all the eviction cost
+    assert lost["restart"] > 0 and lost["recompute"] == 0 and lost["stall"] == 0, final["goodput"]
+    assert 0 < final["goodput"]["ratio"] < 1, final["goodput"]

@@ -115,6 +115,8 @@ def test_kueue_admits_one_queued_run_within_the_quota_and_the_next_once_the_firs
     kuberay.start("second-a1")
     status = eventually(lambda: phase_is(cluster, "second", "Running"), what="second Running")
     assert status["restarts"]["total"] == 0 and not status.get("consecutiveFailures"), "the wait cost nothing"
+    goodput = status["goodput"]  # the queue's wait is reported apart and counted against nothing
+    assert goodput["queuedSeconds"] >= 1 and goodput["lostSeconds"]["start"] < goodput["queuedSeconds"], goodput
 
 
 def test_kueue_preempting_a_running_lower_priority_run_is_a_preemption_and_its_next_attempt_queues_again(
