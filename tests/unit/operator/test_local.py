@@ -18,9 +18,10 @@ import sys
 
 import pytest
 
+from support import waiting
 from trainingrun_operator.core import decision
 from trainingrun_operator.core.classification import Context, FailureClass, classify
-from trainingrun_operator.localmode import driver_process, local, runfile
+from trainingrun_operator.localmode import driver_process, local, processes, runfile
 from trainingrun_runtime import contract
 from trainingrun_runtime.sdk import reporting
 
@@ -28,13 +29,19 @@ RUNNING = Context(now=datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC), node_n
 
 
 def spawn(tmp_path: pathlib.Path, code: str, marker: str = "test") -> driver_process.DriverProcess:
-    """A stand-in driver running `code`, carrying `marker` as a real one does (`driver_process.spawn`)."""
+    """A stand-in driver running `code`, carrying `marker` as a real one does (`driver_process.spawn`), once its
+    marker shows in /proc (what a sweep reads)."""
     log = tmp_path / "driver.log"
     env = {**os.environ, driver_process.MARKER_ENV: marker}
     with open(log, "ab") as out:
         popen = subprocess.Popen(
             [sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
+    waiting.wait(
+        lambda: processes.marked(driver_process.MARKER_ENV).get(popen.pid) == marker or popen.poll() is not None,
+        timeout=10,
+        what=f"pid {popen.pid}'s marker in /proc",
+    )
     return driver_process.DriverProcess(1, popen, log, marker)
 
 
