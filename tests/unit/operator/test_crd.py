@@ -519,3 +519,17 @@ def test_the_rule_that_freezes_the_trainers_math_once_a_checkpoint_exists_names_
     math = {path.removeprefix("trainer.") for path in config.MATH_FIELDS}
     assert named == {re.sub(r"_(\w)", lambda m: m.group(1).upper(), f) for f in math}
     assert rule["fieldPath"] == ".spec.trainer" and "another name" in rule["message"]
+
+
+def test_every_status_schema_node_says_only_openapi_keywords_so_no_description_spilled_into_a_key() -> None:
+    """A comma in a flow mapping's description (`{type: number, description: a, b}`) makes `b` a key of its own,
+    which the API server refuses when the CRD is applied."""
+    keywords = {
+        "type", "properties", "items", "description", "nullable", "format", "maxLength", "minLength", "minimum",
+        "maximum", "enum", "maxItems", "minItems", "maxProperties", "additionalProperties", "required", "pattern",
+        "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-preserve-unknown-fields",
+        "x-kubernetes-validations", "default",
+    }  # fmt: skip
+    for path, node in _walk(_schema()["properties"]["status"], "status"):
+        assert set(node) <= keywords, f"{path}: {sorted(set(node) - keywords)}"
+        assert all(re.fullmatch(r"[a-z][A-Za-z0-9]*", name) for name in node.get("properties", {})), path
