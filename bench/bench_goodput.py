@@ -8,7 +8,8 @@
     goodput_operator_vs_measured_abs_diff = |the storm's status.goodput.ratio - its goodput measured here|
         (goal <= 0.03), measured from the drivers' own event logs on the PVC: the seconds between each step the run
         kept and the step before it in the same attempt (an attempt's first kept step at its attempt's median step
-        time), over the run's time from its first attempt's start to its last step
+        time), less the seconds a save held the train pump between them, over the run's time from its first
+        attempt's start to its last step
     steps_lost_per_unannounced_kill = the steps the driver's SIGKILL lost (no notice: the steps its attempt finished
         past the one the next attempt resumed from, from the event logs), struck at a random moment of a save
         period, at the example's savePeriod                               (goal < savePeriod)
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             rates = measure_progress(plane, bed, "storm", schedule)
             final = status(plane, "storm")
             history = final.get("attempts") or []
-            measured = measured_goodput(step_times(bed, "storm")[0], history, final)
+            measured = measured_goodput(*step_times(bed, "storm"), history, final)
         finally:
             with contextlib.suppress(Exception):
                 plane.kubectl("delete", "trainingruns.trainingrun.dev", "--all", "-n", NAMESPACE, "--wait=true",
@@ -316,11 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measured_goodput(done: list[tuple[float, int, int]], history: list[dict[str, Any]], final: dict[str, Any]) -> float:
-    """The storm's goodput from the drivers' event logs (`done`: time, attempt, step of every finished step): the
-    steps the run kept are each attempt's past the step it resumed from, up to the step the next one resumed from;
-    each costs the time since the step before it in the same attempt (an attempt's first, its median step time).
-    Over the run's time: its first attempt's start (status) to its last finished step."""
+def measured_goodput(
+    done: list[tuple[float, int, int]],
+    logs: dict[int, list[dict[str, Any]]],
+    history: list[dict[str, Any]],
+    final: dict[str, Any],
+) -> float:
+    """The storm's goodput from the drivers' event logs (`done`: time, attempt, step of every finished step; `logs`:
+    each attempt's events): the steps the run kept are each attempt's past the step it resumed from, up to the step
+    the next one resumed from; each costs the time since the step before it in the same attempt (an attempt's
+    first, its median step time), less the time a save at the step before kept the train pump waiting (its
+    `checkpoint_committed` event's blocked_s: the operator counts that as lost to checkpoints). Over the run's time:
+    its first attempt's start (status) to its last finished step."""
     resumed = {int(a["number"]): int(a.get("resumedFrom") or 0) for a in history}
     attempts = sorted({a for _, a, _ in done})
     kept_s = 0.0
@@ -332,6 +340,12 @@ def measured_goodput(done: list[tuple[float, int, int]], history: list[dict[str,
         gaps = [t - u for (u, _), (t, _) in itertools.pairwise(mine)]
         if mine:
             kept_s += sum(gaps) + (statistics.median(gaps) if gaps else 0.0)
+            saved = {s for _, s in mine[:-1]}  # a save after one of these steps held back the next kept one
+            kept_s -= sum(
+                float(e.get("blocked_s") or 0.0)
+                for e in logs.get(number, [])
+                if e["event"] == "checkpoint_committed" and e["step"] in saved
+            )
     start = timestamps.parse(final["startTime"]).timestamp()
     return kept_s / (done[-1][0] - start)
 
