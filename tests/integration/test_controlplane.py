@@ -210,10 +210,11 @@ def test_our_crd_applies_and_kubectl_shows_a_trainingrun_with_its_printer_column
     header, row = wide.splitlines()
     assert header.split() == [
         *["NAME", "PHASE", "PROGRESS", "STEP", "ATTEMPT", "RESTARTS"],
-        *["WORKERS-LOST", "REWARD", "ETA", "REASON", "AGE"],
+        *["WORKERS-LOST", "REWARD", "GOODPUT", "ETA", "REASON", "AGE"],
     ]
     at = header.index
     assert row[at("WORKERS-LOST") : at("REWARD")].strip() == "", "no workersLost in this status"
+    assert row[at("GOODPUT") : at("ETA")].strip() == "", "no goodput in this status"
     assert row[at("REWARD") :].split()[:3] == ["0.625", "3m", "AttemptRunning"]
 
 
