@@ -22,6 +22,7 @@ test_operator_queueing.py covers the rest (preemption, suspension, Kueue's rules
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +30,7 @@ import pytest
 
 import kueue as kueue_bed
 from support.operator_double import Cluster, InProcessOperator, KubeRayDouble, eventually, phase_is, tiny_run
+from trainingrun_runtime import timestamps
 
 pytestmark = pytest.mark.cluster
 
@@ -104,6 +106,12 @@ def test_kueue_admits_one_queued_run_within_the_quota_and_the_next_once_the_firs
     assert job is not None and job["spec"]["suspend"] is True
     assert cluster.pods("trainingrun.dev/run=second") == [], "nothing of the queued run runs"
     assert "admitted" not in status["attempt"] and status["restarts"]["total"] == 0
+    # the status keeps whole seconds: the queue's wait, the thing measured below, lasts at least two of them
+    queued_from = timestamps.parse(status["attempt"]["start"])
+    eventually(
+        lambda: datetime.datetime.now(datetime.UTC) >= queued_from + datetime.timedelta(seconds=2),
+        what="second queued 2 s",
+    )
 
     kuberay.succeed("first-a1")  # Complete: Kueue marks the Workload finished and frees the quota
     eventually(lambda: phase_is(cluster, "first", "Succeeded"), what="first Succeeded")
