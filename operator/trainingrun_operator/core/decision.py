@@ -275,6 +275,7 @@ class _Pass:
         book = self.status.checkpoints or model.CheckpointsStatus()
         latest = book.latest
         if latest is not None and (latest.step, latest.attempt, latest.path) == (ckpt.step, ckpt.attempt, ckpt.path):
+            self._answers_notice(book, latest, ckpt)
             return
         history = [h for h in book.history or [] if h.step != ckpt.step] + [ckpt]
         bad = [s for s in book.bad or [] if s != ckpt.step] or None
@@ -289,14 +290,31 @@ class _Pass:
             f"checkpoint step {ckpt.step} (attempt {ckpt.attempt}) at {ckpt.path}",
         )
         if ckpt.reason == contract.CheckpointReason.PREEMPTION_NOTICE:
-            self.emit(
-                events.Type.NORMAL,
-                events.Reason.PREEMPTION_NOTICE,  # the value of the checkpoint reason above (the driver's)
-                f"attempt {ckpt.attempt} saved step {ckpt.step} on the head pod's notice (its preStop hook) and "
-                "stops; the next attempt resumes from it",
-            )
+            self._emit_notice(ckpt, "saved")
         if late_notice:
             self._recount_steps_lost(attempt, report.step, ckpt.step)
+
+    def _answers_notice(
+        self, book: model.CheckpointsStatus, held: model.CheckpointRecord, ckpt: model.CheckpointRecord
+    ) -> None:
+        """The recorded checkpoint reported again as the answer to the head's notice (the driver saved that step
+        before it saw the notice, or was saving it when the notice came): its reason becomes PreemptionNotice, in
+        `latest` and the history. Any other report of a recorded checkpoint changes nothing."""
+        notice = contract.CheckpointReason.PREEMPTION_NOTICE
+        if ckpt.reason != notice or held.reason == notice:
+            return
+        answered = held.model_copy(update={"reason": notice})
+        history = [answered if h == held else h for h in book.history or []]
+        self.update(checkpoints=book.model_copy(update={"latest": answered, "history": history}))
+        self._emit_notice(answered, "had saved")
+
+    def _emit_notice(self, ckpt: model.CheckpointRecord, saved: str) -> None:
+        self.emit(
+            events.Type.NORMAL,
+            events.Reason.PREEMPTION_NOTICE,  # the value of the checkpoint reason (the driver's)
+            f"attempt {ckpt.attempt} {saved} step {ckpt.step} on the head pod's notice (its preStop hook) and "
+            "stops; the next attempt resumes from it",
+        )
 
     def _late_notice_checkpoint(self, report: model.RuntimeReport, attempt: model.AttemptRecord) -> bool:
         """Whether the report is the checkpoint the ended attempt's driver saved on the head's notice, read after

@@ -162,7 +162,7 @@ class Checkpoints:
         the notice found): report it again, with reason PreemptionNotice. The operator may have ended the attempt as
         the head's deletion began, before the checkpoint's first report came; it then records only the notice's
         checkpoint (`decision._late_notice_checkpoint`), and this one is it: the driver trains no more after it. A
-        report the operator has recorded already changes nothing (same step, attempt and path)."""
+        checkpoint the operator has recorded already (same step, attempt and path) takes the notice's reason."""
         if self.record.answers_notice():
             await self._reports.checkpoint()
 

@@ -127,6 +127,29 @@ def test_a_notice_checkpoint_read_after_the_attempt_ended_is_recorded_and_the_ne
     assert store.status["checkpoints"]["latest"]["step"] == 14, "once attempt 2 exists, attempt 1 says nothing"
 
 
+def test_a_recorded_periodic_checkpoint_reported_again_as_the_notices_answer_is_recorded_as_the_notices() -> None:
+    store = Store()
+    start_and_run(store)
+    store.report(1, 5)
+    store.decide(running(1))
+    store.report(1, 10, ckpt_attempt=1)
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "Periodic"
+    recorded = store.decide(running(1))
+    assert [a.reason for a in recorded.actions if isinstance(a, Event)] == ["CheckpointRecorded"]
+    # the program saw the head's notice only after that save: it stops, its newest checkpoint answering the notice
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "PreemptionNotice"
+    answered = store.decide(running(1))
+    book = store.status["checkpoints"]
+    assert book["latest"]["reason"] == "PreemptionNotice" and book["latest"]["step"] == 10
+    assert [(h["step"], h.get("reason")) for h in book["history"]] == [(5, None), (10, "PreemptionNotice")]
+    assert [a.reason for a in answered.actions if isinstance(a, Event)] == ["PreemptionNotice"]
+    again = store.decide(running(1))
+    assert not [a for a in again.actions if isinstance(a, Event)], "the answer is announced once"
+    store.status["runtime"]["lastCheckpoint"]["reason"] = "Periodic"
+    store.decide(running(1))
+    assert store.status["checkpoints"]["latest"]["reason"] == "PreemptionNotice", "a notice's answer stays one"
+
+
 def test_the_next_attempt_is_told_the_older_recorded_steps_newest_first_and_never_the_bad_ones() -> None:
     store = Store()
     preempted_after_checkpoints(store, 10, 20, 30, 40)
