@@ -29,15 +29,16 @@ when it starts (`fold`): the attempt history is bounded, the sum is not.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
+from typing import TypeVar
 
-from trainingrun_operator.core import model
+from trainingrun_operator.core import events, model
+from trainingrun_operator.core.classification import FailureClass
 from trainingrun_runtime import timestamps
 
 __all__ = ["attempt_spent", "fold", "keep", "line", "seen", "summarise", "total"]
 
-SUSPENDED = "Suspended"
-SUCCEEDED = "Succeeded"
-STALLED = "Stalled"
+_M = TypeVar("_M", model.LostSeconds, model.RestartSeconds)
 
 
 def seen(
@@ -75,7 +76,7 @@ def attempt_spent(
     first = max(start, min(_t(attempt.first_step) or end, end))  # a driver's clock a little behind: not before it
 
     suspended = 0.0
-    if previous is not None and previous.reason == SUSPENDED:
+    if previous is not None and previous.reason == events.Reason.SUSPENDED.value:
         suspended, begin = _s(begin, start), start
     waited = 0.0
     admitted = _t(attempt.admitted)
@@ -103,11 +104,11 @@ def attempt_spent(
     productive = 0.0
     if attempt.first_step is not None:
         left = _s(first, end)
-        if attempt.end is not None and attempt.reason == STALLED:
+        if attempt.end is not None and attempt.reason == FailureClass.STALLED.value:
             last = max(_t(attempt.last_report) or first, first)
             lost["stall"] = min(left, _s(last, end))
             left -= lost["stall"]
-        if attempt.end is not None and attempt.reason != SUCCEEDED:
+        if attempt.end is not None and attempt.reason != events.Reason.SUCCEEDED.value:
             lost["recompute"] = min(left, (attempt.steps_lost or 0) * (attempt.step_seconds or 0.0))
             left -= lost["recompute"]
         lost["checkpoint"] = min(left, attempt.checkpoint_seconds or 0.0)
@@ -125,11 +126,14 @@ def fold(a: model.Spent, b: model.Spent) -> model.Spent:
     return model.Spent(
         productive=a.productive + b.productive,
         queued=a.queued + b.queued,
-        lost=model.LostSeconds(**{k: getattr(a.lost, k) + getattr(b.lost, k) for k in model.LostSeconds.model_fields}),
-        restart=model.RestartSeconds(
-            **{k: getattr(a.restart, k) + getattr(b.restart, k) for k in model.RestartSeconds.model_fields}
-        ),
+        lost=_each(lambda k: getattr(a.lost, k) + getattr(b.lost, k), model.LostSeconds),
+        restart=_each(lambda k: getattr(a.restart, k) + getattr(b.restart, k), model.RestartSeconds),
     )
+
+
+def _each(value: Callable[[str], float], kind: type[_M]) -> _M:
+    """A `kind` whose every field is `value(field name)`."""
+    return kind(**{k: value(k) for k in kind.model_fields})
 
 
 def total(status: model.TrainingRunStatus, *, queued: bool = False) -> tuple[model.Spent, datetime.datetime] | None:
@@ -158,16 +162,14 @@ def summarise(status: model.TrainingRunStatus, *, queued: bool = False) -> model
         return None
     spent, as_of = found
     lost = spent.lost
-    counted = spent.productive + sum(getattr(lost, k) for k in model.LostSeconds.model_fields)
+    counted = spent.productive + sum(lost.model_dump().values())
     return model.Goodput(
         ratio=round(spent.productive / counted, 3) if counted > 0 else None,
         elapsed_seconds=round(counted, 1),
         productive_seconds=round(spent.productive, 1),
         queued_seconds=round(spent.queued, 1),
-        lost_seconds=model.LostSeconds(**{k: round(getattr(lost, k), 1) for k in model.LostSeconds.model_fields}),
-        restart_seconds=model.RestartSeconds(
-            **{k: round(getattr(spent.restart, k), 1) for k in model.RestartSeconds.model_fields}
-        ),
+        lost_seconds=_each(lambda k: round(getattr(lost, k), 1), model.LostSeconds),
+        restart_seconds=_each(lambda k: round(getattr(spent.restart, k), 1), model.RestartSeconds),
         as_of=timestamps.rfc3339(as_of, timespec="seconds"),
         earlier=status.goodput.earlier if status.goodput is not None else None,
     )
@@ -203,7 +205,7 @@ def line(found: model.Goodput | None) -> str:
     """`goodput 0.931 (lost: start 30s, restart 40s; queued 5s)`, for a person; '' without a figure."""
     if found is None or found.ratio is None:
         return ""
-    lost = [(k, getattr(found.lost_seconds, k)) for k in model.LostSeconds.model_fields]
+    lost = found.lost_seconds.model_dump().items()
     said = ", ".join(f"{k} {v:.0f}s" for k, v in lost if v >= 1) or "nothing"
     queued = f"; queued {found.queued_seconds:.0f}s" if found.queued_seconds >= 1 else ""
     return f"goodput {found.ratio:.3f} (lost: {said}{queued})"
