@@ -9,6 +9,8 @@ ServiceAccount.
   resumes from it.
 - The run ends with the weights and optimizer state of the same spec run uninterrupted (`trainingrun run`),
   bit for bit; no failure budget was spent.
+- Its goodput names each cost the journey caused (the first start, the restarts, the steps the kill lost trained
+  again, the saves) and no other, and a real Prometheus scraping our operator reads the same figures.
 - The TRL example (GRPOTrainer with the SDK's callback), evicted the same two ways, resumes the Trainer from the
   newest recorded step and from the notice's step, and finishes.
 - A program that hangs (tests/integration/programs/scripted.py) is ended as Stalled, and one that then crashes
@@ -28,9 +30,12 @@ import pytest
 import torch
 import yaml
 
+import binaries
 import chaos
-from support import seeds
+import ourop
+from support import seeds, waiting
 from support.fullloop_runs import head_name, history, run_directory
+from support.prometheus import Prometheus
 
 if TYPE_CHECKING:
     from conftest import Loop  # tests/e2e/conftest.py
@@ -79,12 +84,24 @@ def test_a_program_evicted_without_and_with_grace_resumes_from_its_recorded_step
     loop: Loop, namespace: str, tmp_path: pathlib.Path, request: pytest.FixtureRequest
 ) -> None:
     rng = random.Random(seeds.chosen(request.node, default=SEED))
-    loop.plane.apply(loop.checkpoints_pvc("pt-checkpoints"), program_run("pt", "pt-checkpoints"),
-                     namespace=namespace)  # fmt: skip
-    final, by_first, noticed = evicted_twice(loop, namespace, "pt", rng)
+    assert isinstance(loop.operator, ourop.OperatorProcess)
+    target = f"127.0.0.1:{loop.operator.metrics_port}"
+    with Prometheus.start(binaries.Binaries.locate().prometheus, [target], tmp_path / "prometheus") as prom:
+        prom.wait_for_target_up()
+        loop.plane.apply(loop.checkpoints_pvc("pt-checkpoints"), program_run("pt", "pt-checkpoints"),
+                         namespace=namespace)  # fmt: skip
+        final, by_first, noticed = evicted_twice(loop, namespace, "pt", rng)
+        scraped_goodput(prom, namespace, "pt", final["goodput"])
 
     first, second, third = final["attempts"][:3]
     assert first["reason"] == "Preempted", first
+    lost = final["goodput"]["lostSeconds"]  # each cost where the journey caused it, and no other
+    assert all(lost[c] > 0 for c in ("start", "restart", "checkpoint")) and lost["stall"] == 0, final["goodput"]
+    # The kill came past the newest recorded step; the steps lost are those reported past it (almost always some:
+    # a checkpoint's report may land between the look and the kill), trained again at attempt 1's own step time.
+    assert (lost["recompute"] > 0) == (first["stepsLost"] > 0), (final["goodput"], first)
+    print(f"\nFIGURES goodput={final['goodput']['ratio']} lost={lost} attempt_1_steps_lost={first['stepsLost']}")
+    assert final["goodput"]["queuedSeconds"] == 0 and 0 < final["goodput"]["ratio"] < 1, final["goodput"]
     assert by_first and second["resumedFrom"] == max(by_first), (second, by_first)  # the newest recorded by then
     assert (second["reason"], second["stepsLost"], third["resumedFrom"]) == ("Preempted", 0, noticed), (
         second, third, noticed,
@@ -105,6 +122,22 @@ def test_a_program_evicted_without_and_with_grace_resumes_from_its_recorded_step
     )
 
 
+def scraped_goodput(prom: Prometheus, namespace: str, name: str, goodput: dict[str, Any]) -> None:
+    """Prometheus reads the run's goodput gauge and its lost seconds by cause as the final status has them."""
+    run = f'namespace="{namespace}",name="{name}"'
+    prom.wait_for(f"trainingrun_goodput_ratio{{{run}}}", goodput["ratio"])
+    for cause, seconds in goodput["lostSeconds"].items():
+        counter = f'trainingrun_lost_seconds_total{{{run},cause="{cause}"}}'
+        waiting.wait(lambda c=counter, s=seconds: abs((prom.value(c) or 0.0) - s) < 0.05, timeout=30,
+                     what=f"{counter} at {seconds}", diagnostics=prom.diagnostics)  # fmt: skip
+
+
+def past_recorded(status: dict[str, Any], attempt: int) -> bool:
+    """`attempt` reported a step past its newest recorded one."""
+    runtime, recorded = status.get("runtime") or {}, recorded_by(status, attempt)
+    return bool(recorded) and runtime.get("attempt") == attempt and (runtime.get("step") or 0) > max(recorded)
+
+
 def evicted_twice(loop: Loop, namespace: str, name: str, rng: random.Random) -> tuple[dict[str, Any], list[int], int]:
     """Evicts attempt 1's head without grace a random moment after its first recorded checkpoint, then attempt 2's
     with grace (the notice) after its first; returns the final status, attempt 1's recorded steps as attempt 2 began,
@@ -114,7 +147,9 @@ def evicted_twice(loop: Loop, namespace: str, name: str, rng: random.Random) -> 
     try:
         loop.wait(lambda: recorded_by(loop.run_status(namespace, name), 1), timeout=300,
                   what=f"{name}: attempt 1's first recorded checkpoint")  # fmt: skip
-        time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the kill
+        time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the kill, once attempt 1 reported past a checkpoint
+        loop.wait(lambda: past_recorded(loop.run_status(namespace, name), 1), timeout=60,
+                  what=f"{name}: attempt 1 past its newest recorded step (the kill loses steps)")  # fmt: skip
         chaos.evict(loop.plane, namespace, head_name(loop, namespace, name, 1), grace_seconds=0)
         during = loop.wait(lambda: (lambda s: s if recorded_by(s, 2) else None)(loop.run_status(namespace, name)),
                            timeout=300, what=f"{name}: attempt 2's first recorded checkpoint")  # fmt: skip

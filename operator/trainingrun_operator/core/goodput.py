@@ -15,7 +15,8 @@ past the one it resumed from):
     after it    to its end (the current attempt: to `asOf`):
                 stall      a Stalled attempt: its newest report to its end (the watchdog's deadline)
                 recompute  an attempt that ended badly: the steps it lost (`stepsLost`: past the checkpoint the next
-                           attempt resumes from), each at the step time measured before the loss (`stepSeconds`)
+                           attempt resumes from), each at the step time measured before the loss (`stepSeconds`:
+                           the run's rate; before one is measured, the attempt's own steps so far)
                 checkpoint time training waited for saves (the driver's `checkpointSeconds`)
                 productive the rest: steps the run keeps
 
@@ -54,10 +55,24 @@ def seen(
         update["first_step"] = report.updated
     if report.checkpoint_seconds is not None:
         update["checkpoint_seconds"] = report.checkpoint_seconds
-    if rate is not None and rate.steps_per_second:
-        update["step_seconds"] = round(1.0 / rate.steps_per_second, 6)
+    step_s = _step_seconds(attempt.number, report, rate)
+    if step_s is not None:
+        update["step_seconds"] = step_s
     changed = {k: v for k, v in update.items() if getattr(attempt, k) != v}
     return attempt.model_copy(update=changed) if changed else attempt
+
+
+def _step_seconds(number: int, report: model.RuntimeReport, rate: model.ProgressRate | None) -> float | None:
+    """Seconds a step takes: the run's measured rate (`progress`); before one is measured, this attempt's own steps
+    since the report its rate's measurement started from (a short attempt, ended before the rate's window)."""
+    if rate is None:
+        return None
+    if rate.steps_per_second:
+        return round(1.0 / rate.steps_per_second, 6)
+    start, now = _t(rate.time), _t(report.updated)
+    if rate.attempt != number or start is None or now is None or report.step is None or report.step <= rate.step:
+        return None
+    return round(_s(start, now) / (report.step - rate.step), 6)
 
 
 def attempt_spent(

@@ -180,6 +180,23 @@ def test_the_figure_moves_with_the_drivers_reports_and_not_with_the_clock() -> N
     assert (seen.last_report, seen.checkpoint_seconds, seen.step_seconds) == (at(100), 3.0, 2.0)
 
 
+def test_an_attempt_ended_before_the_rate_is_measured_takes_its_step_time_from_its_own_reports() -> None:
+    running = attempt(1, 0, running=10, first=20, step_seconds=None)
+    started = model.ProgressRate(attempt=1, step=100, time=at(20) or "")  # the pair's first report, no rate yet
+    later = model.RuntimeReport(attempt=1, step=300, updated=at(24))
+    assert goodput.seen(running, later, started).step_seconds == 0.02  # 4 s for 200 steps
+    same = model.RuntimeReport(attempt=1, step=100, updated=at(20))
+    assert goodput.seen(running, same, started).step_seconds is None, "no step since the pair began: no time"
+    elsewhere = started.model_copy(update={"attempt": 2})
+    assert goodput.seen(running, later, elsewhere).step_seconds is None, "another attempt's steps are not these"
+    measured = started.model_copy(update={"steps_per_second": 25.0})
+    assert goodput.seen(running, later, measured).step_seconds == 0.04, "a measured rate comes first"
+    lost = summary(run(goodput.seen(running, later, started).model_copy(
+        update={"end": at(25), "reason": "Preempted", "steps_lost": 50}
+    ))).lost_seconds  # fmt: skip
+    assert lost.recompute == 1.0  # 50 steps at 0.02 s
+
+
 def test_only_a_report_of_this_attempt_past_its_resume_point_is_its_first_step() -> None:
     resumed = attempt(2, 100, running=110, resumed_from=40)
     assert goodput.seen(resumed, model.RuntimeReport(attempt=2, step=40, updated=at(120)), None).first_step is None
