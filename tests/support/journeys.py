@@ -38,9 +38,12 @@ def latest_step(status: dict[str, Any]) -> int | None:
     return int(latest["step"]) if latest else None
 
 
-def printer_columns(loop: Loop, namespace: str, name: str) -> dict[str, str]:
-    table = loop.plane.kubectl("get", "trun", name, "-n", namespace).stdout.splitlines()
-    return dict(zip(table[0].split(), table[1].split(), strict=True))
+def printer_columns(loop: Loop, namespace: str, name: str, *, wide: bool = False) -> dict[str, str]:
+    """`kubectl get trun NAME` (`-o wide`: with the wide columns) as {header: cell}, cut where the headers start."""
+    table = loop.plane.kubectl("get", "trun", name, "-n", namespace, *(["-o", "wide"] if wide else [])).stdout
+    header, row = table.splitlines()[:2]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
 
 
 def logged_progress(loop: Loop, namespace: str, pod: str) -> int | None:
@@ -131,6 +134,11 @@ def evicted_head_is_survived(loop: Loop, namespace: str, *, image: str | None = 
     assert columns["PHASE"] == "Succeeded"
     assert columns["STEP"] == str(steps) and columns["ATTEMPT"] == "2" and columns["RESTARTS"] == "1", columns
     assert columns["PROGRESS"] == f"{steps}/{steps}", columns
+    goodput = final["goodput"]  # the eviction cost a restart; nothing stalled
+    lost = goodput["lostSeconds"]
+    assert lost["start"] > 0 and lost["restart"] > 0 and lost["stall"] == 0 and 0 < goodput["ratio"] < 1, goodput
+    wide = printer_columns(loop, namespace, "tiny", wide=True)
+    assert float(wide["GOODPUT"]) == loop.run_status(namespace, "tiny")["goodput"]["ratio"], (wide, goodput)
 
     assert ended["number"] == 1 and ended["reason"] == "Preempted", final["attempts"]
     # Lost: from the recorded checkpoint to the newest step the driver reported before it was killed.
