@@ -72,7 +72,8 @@ def _step_seconds(number: int, report: model.RuntimeReport, rate: model.Progress
     start, now = _t(rate.time), _t(report.updated)
     if rate.attempt != number or start is None or now is None or report.step is None or report.step <= rate.step:
         return None
-    return round(_s(start, now) / (report.step - rate.step), 6)
+    seconds = _s(start, now)
+    return round(seconds / (report.step - rate.step), 6) if seconds > 0 else None  # no time passed: no measure
 
 
 def attempt_spent(

@@ -187,6 +187,8 @@ def test_an_attempt_ended_before_the_rate_is_measured_takes_its_step_time_from_i
     assert goodput.seen(running, later, started).step_seconds == 0.02  # 4 s for 200 steps
     same = model.RuntimeReport(attempt=1, step=100, updated=at(20))
     assert goodput.seen(running, same, started).step_seconds is None, "no step since the pair began: no time"
+    instant = model.RuntimeReport(attempt=1, step=104, updated=at(20))
+    assert goodput.seen(running, instant, started).step_seconds is None, "no time passed: no step time, not 0"
     elsewhere = started.model_copy(update={"attempt": 2})
     assert goodput.seen(running, later, elsewhere).step_seconds is None, "another attempt's steps are not these"
     measured = started.model_copy(update={"steps_per_second": 25.0})
